@@ -1,0 +1,1 @@
+"""vinoserve: an OpenAI-compatible LLM server on OpenVINO PagedAttention."""
