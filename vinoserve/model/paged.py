@@ -1,0 +1,116 @@
+"""Turn a stateful LLM graph into a PagedAttention model and compile it.
+
+The transformation runs in memory at every load: a transformed model saved to disk loses the
+rt_info its PagedAttention nodes need and no longer compiles (see shared docs).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import openvino as ov
+import openvino.opset13 as ops
+from openvino._offline_transformations import paged_attention_transformation
+
+from vinoserve.model.config import ModelConfig
+
+SAMPLED_INDICES = "sampled_token_indices"
+PRECISIONS = ("f32", "f16", "bf16")
+KV_PRECISIONS = ("f32", "f16", "bf16", "u8", "u4")
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    device: str = "CPU"
+    inference_precision: str | None = None  # None: the plugin's default for this machine
+    kv_cache_precision: str | None = None
+    num_threads: int | None = None
+    score_outputs: bool = False  # per-layer attention scores, for cache eviction
+    cache_rotation: bool = False  # in-kernel RoPE re-rotation inputs
+
+    def __post_init__(self) -> None:
+        if self.inference_precision not in (None, *PRECISIONS):
+            raise ValueError(f"inference precision {self.inference_precision!r}; one of {', '.join(PRECISIONS)}")
+        if self.kv_cache_precision not in (None, *KV_PRECISIONS):
+            raise ValueError(f"KV cache precision {self.kv_cache_precision!r}; one of {', '.join(KV_PRECISIONS)}")
+
+    def properties(self) -> dict[str, str]:
+        props = {"NUM_STREAMS": "1"}  # one step at a time; let the op use all threads
+        if self.inference_precision:
+            props["INFERENCE_PRECISION_HINT"] = self.inference_precision
+        if self.kv_cache_precision:
+            props["KV_CACHE_PRECISION"] = self.kv_cache_precision
+        if self.num_threads:
+            props["INFERENCE_NUM_THREADS"] = str(self.num_threads)
+        return props
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """Per-layer cache tensors as the compiled kernel wants them: [num_blocks, *block_shape]."""
+
+    key_type: ov.Type
+    value_type: ov.Type
+    key_block_shape: tuple[int, ...]
+    value_block_shape: tuple[int, ...]
+    block_size: int
+
+    def bytes_per_block(self) -> int:
+        """Key + value bytes of one block in one layer (u4 packs two values a byte)."""
+        k = int(np.prod(self.key_block_shape)) * self.key_type.bitwidth
+        v = int(np.prod(self.value_block_shape)) * self.value_type.bitwidth
+        return (k + v + 7) // 8
+
+
+@dataclass
+class PagedModel:
+    config: ModelConfig
+    compiled: ov.CompiledModel
+    options: CompileOptions
+    layout: CacheLayout
+
+    @property
+    def block_size(self) -> int:
+        return self.layout.block_size
+
+    @property
+    def inference_precision(self) -> str:
+        return str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))
+
+    @property
+    def input_names(self) -> set[str]:
+        return {i.get_any_name() for i in self.compiled.inputs}
+
+
+def to_paged(model: ov.Model, options: CompileOptions) -> ov.Model:
+    """In place: SDPA + KV state -> PagedAttention with per-layer block tables, plus a row gather
+    before the LM head so a step computes logits only for the tokens it samples."""
+    paged_attention_transformation(
+        model, True, options.score_outputs, options.score_outputs, options.cache_rotation,
+        False, False, False,
+    )
+    head = next(n for n in model.get_ordered_ops() if n.get_friendly_name() == "lm_head")
+    indices = ops.parameter([-1], ov.Type.i64, name=SAMPLED_INDICES)
+    indices.output(0).set_names({SAMPLED_INDICES})
+    hidden = head.input(0).get_source_output()
+    head.input(0).replace_source_output(ops.gather(hidden, indices, ops.constant(np.int64(0))).output(0))
+    model.add_parameters([indices])
+    model.validate_nodes_and_infer_types()
+    return model
+
+
+def compile_paged(model: ov.Model, config: ModelConfig, options: CompileOptions,
+                  core: ov.Core | None = None) -> PagedModel:
+    core = core or ov.Core()
+    compiled = core.compile_model(to_paged(model, options), options.device, options.properties())
+    return PagedModel(config, compiled, options, _cache_layout(compiled))
+
+
+def _cache_layout(compiled: ov.CompiledModel) -> CacheLayout:
+    key = next(i for i in compiled.inputs if i.get_any_name() == "key_cache.0")
+    value = next(i for i in compiled.inputs if i.get_any_name() == "value_cache.0")
+    k_shape = tuple(d.get_length() for d in key.get_partial_shape()[1:])
+    v_shape = tuple(d.get_length() for d in value.get_partial_shape()[1:])
+    # Values are [Hkv, block, S (+ per-token quant params)] on CPU and GPU; keys may carry
+    # per-block quant params in the block dim, so the block size is read from the value side.
+    return CacheLayout(key.get_element_type(), value.get_element_type(), k_shape, v_shape, v_shape[1])

@@ -1,0 +1,65 @@
+"""Rotary position embedding frequencies, shared by the graph builder and KV-cache rotation.
+
+Both places must use the model's OWN inverse frequencies (theta and any scaling): keys rotated
+with a different table land at the wrong phase.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SUPPORTED_SCALING = ("linear", "llama3")
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """RoPE of a Llama-family model, rotate-half pairing over the first `dim` channels of a head."""
+
+    theta: float
+    dim: int
+    scaling: dict | None = None  # HF `rope_scaling` dict: {"rope_type": "linear"|"llama3", ...}
+    # Per-frequency divisors as llama.cpp stores them (`rope_freqs.weight`, Llama 3.1 GGUFs).
+    freq_factors: tuple[float, ...] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        kind = self.scaling_type
+        if kind is not None and kind not in SUPPORTED_SCALING:
+            raise ValueError(
+                f"unsupported rope scaling {kind!r}; supported: {', '.join(SUPPORTED_SCALING)}"
+            )
+        if self.freq_factors is not None and len(self.freq_factors) != self.dim // 2:
+            raise ValueError(f"rope freq_factors has {len(self.freq_factors)} entries, expected {self.dim // 2}")
+
+    @property
+    def scaling_type(self) -> str | None:
+        if not self.scaling:
+            return None
+        kind = self.scaling.get("rope_type", self.scaling.get("type"))
+        return None if kind == "default" else kind
+
+    def inverse_frequencies(self) -> np.ndarray:
+        """inv_freq[j] for j < dim/2, float64, with scaling applied (as HF's ROPE_INIT_FUNCTIONS)."""
+        inv = 1.0 / (self.theta ** (np.arange(0, self.dim, 2, dtype=np.float64) / self.dim))
+        if self.freq_factors is not None:
+            inv = inv / np.asarray(self.freq_factors, dtype=np.float64)
+        kind = self.scaling_type
+        if kind == "linear":
+            inv = inv / float(self.scaling["factor"])
+        elif kind == "llama3":
+            inv = _llama3_scale(inv, self.scaling)
+        return inv
+
+
+def _llama3_scale(inv: np.ndarray, s: dict) -> np.ndarray:
+    factor = float(s["factor"])
+    low, high = float(s.get("low_freq_factor", 1.0)), float(s.get("high_freq_factor", 4.0))
+    old_ctx = float(s["original_max_position_embeddings"])
+    low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(is_medium, smoothed, scaled)
