@@ -78,10 +78,13 @@ class ModelConfig:
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         factors = d.get("vinoserve_rope_freq_factors")
+        # transformers >= 5 folds theta and scaling into one `rope_parameters` dict.
+        params = d.get("rope_parameters") or {}
+        scaling = d.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
         rope = RopeConfig(
-            theta=float(d.get("rope_theta", 10000.0)),
+            theta=float(d.get("rope_theta", params.get("rope_theta", 10000.0))),
             dim=int(head_size * d.get("partial_rotary_factor", 1.0)),
-            scaling=d.get("rope_scaling"),
+            scaling=scaling,
             freq_factors=tuple(factors) if factors else None,
         )
         return cls(

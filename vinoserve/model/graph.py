@@ -46,13 +46,17 @@ class _Weights:
 
     def _int8(self, w: np.ndarray, name: str) -> ov.Output:
         # Asymmetric per-output-row u8, the pattern OpenVINO's CPU/GPU plugins fuse into matmuls.
-        lo, hi = w.min(axis=1, keepdims=True), w.max(axis=1, keepdims=True)
-        scale = np.maximum(hi - lo, 1e-8) / 255.0
-        zp = np.clip(np.round(-lo / scale), 0, 255)
-        q = np.clip(np.round(w / scale) + zp, 0, 255).astype(np.uint8)
+        # The range must contain 0 so the zero point is representable; quantize with the f16
+        # scale the graph will hold, not the f32 one.
+        lo = np.minimum(w.min(axis=1, keepdims=True), 0.0)
+        hi = np.maximum(w.max(axis=1, keepdims=True), 0.0)
+        scale = (np.maximum(hi - lo, 1e-6) / 255.0).astype(np.float16)
+        s32 = scale.astype(np.float32)
+        zp = np.clip(np.round(-lo / s32), 0, 255)
+        q = np.clip(np.round(w / s32) + zp, 0, 255).astype(np.uint8)
         qc = ops.convert(ops.constant(q, name=name), ov.Type.f16)
         zc = ops.convert(ops.constant(zp.astype(np.uint8), name=f"{name}/zero_point"), ov.Type.f16)
-        sc = ops.constant(scale.astype(np.float16), name=f"{name}/scale")
+        sc = ops.constant(scale, name=f"{name}/scale")
         return ops.convert(ops.multiply(ops.subtract(qc, zc), sc), ov.Type.f32).output(0)
 
 
