@@ -70,7 +70,7 @@ def _generate(args: argparse.Namespace) -> None:
     model = load_model(args.model, options, args.weight_format, log=_log)
     tok = model.tokenizer
     _log(f"loaded {model.path.name} on {args.device} in {time.perf_counter() - start:.1f} s "
-         f"({model.paged.inference_precision} inference, {model.paged.layout.key_type} KV cache)")
+         f"({model.paged.inference_precision} inference, {model.paged.layout.key_type.get_type_name()} KV cache)")
     if tok.chat_template and not args.raw:
         text = render_chat(tok.chat_template, [{"role": "user", "content": args.prompt}],
                            bos_token=tok.bos_token, eos_token=tok.eos_token)

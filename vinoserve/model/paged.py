@@ -75,7 +75,7 @@ class PagedModel:
 
     @property
     def inference_precision(self) -> str:
-        return str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))
+        return self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
 
     @property
     def input_names(self) -> set[str]:

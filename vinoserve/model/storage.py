@@ -35,6 +35,7 @@ def atomic_dir(final: Path) -> Iterator[Path]:
         if final.exists():  # another process finished the same conversion first
             shutil.rmtree(tmp)
         else:
+            tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be a shared volume
             tmp.rename(final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
