@@ -9,7 +9,6 @@ from vinoserve.cache.kv_cache import KVCache
 from vinoserve.cli import main
 from vinoserve.engine.generate import GenerationConfig, generate_tokens
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
-from vinoserve.model.chat_template import render_chat
 from vinoserve.model.default_model import DEFAULT_MODEL, fetch
 from vinoserve.model.loader import load_model
 from vinoserve.model.paged import CompileOptions
@@ -36,9 +35,8 @@ def hf_model(gguf_path):
 
 
 def _chat_ids(model, question: str) -> list[int]:
-    tok = model.tokenizer
-    text = render_chat(tok.chat_template, [{"role": "user", "content": question}])
-    return tok.encode(text, add_special_tokens=False)
+    text = model.tokenizer.apply_chat_template([{"role": "user", "content": question}])
+    return model.tokenizer.encode(text, add_special_tokens=False)
 
 
 def test_greedy_answer_names_paris(smollm2):

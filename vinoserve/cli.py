@@ -57,7 +57,6 @@ def _prepare(args: argparse.Namespace) -> None:
 def _generate(args: argparse.Namespace) -> None:
     from vinoserve.engine.detokenize import IncrementalDetokenizer
     from vinoserve.engine.generate import GenerationConfig, generate_tokens
-    from vinoserve.model.chat_template import render_chat
     from vinoserve.model.loader import load_model
     from vinoserve.model.paged import CompileOptions
 
@@ -72,8 +71,7 @@ def _generate(args: argparse.Namespace) -> None:
     _log(f"loaded {model.path.name} on {args.device} in {time.perf_counter() - start:.1f} s "
          f"({model.paged.inference_precision} inference, {model.paged.layout.key_type.get_type_name()} KV cache)")
     if tok.chat_template and not args.raw:
-        text = render_chat(tok.chat_template, [{"role": "user", "content": args.prompt}],
-                           bos_token=tok.bos_token, eos_token=tok.eos_token)
+        text = tok.apply_chat_template([{"role": "user", "content": args.prompt}])
         ids = tok.encode(text, add_special_tokens=False)
     else:
         ids = tok.encode(args.prompt)
