@@ -1,0 +1,345 @@
+"""The batch sampler: filters, penalties, masking, seeding and logprobs, on hand-made logits."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from vinoserve.scheduler.sampler import Sampler, SamplingState, make_rng
+from vinoserve.scheduler.sampling_params import SamplingParams
+
+GRID = 20000  # uniforms per distribution check: frequencies are exact to 1 / GRID
+
+
+class FixedUniform:
+    """Stands in for a row's generator, so a test chooses where the inverse CDF lands."""
+
+    def __init__(self, u: float) -> None:
+        self.u = u
+
+    def random(self) -> float:
+        return self.u
+
+
+def state(params: SamplingParams, prompt=(), output=(), eos=()) -> SamplingState:
+    return SamplingState(params, list(prompt), list(output), tuple(eos))
+
+
+def sample(logits, states) -> np.ndarray:
+    return Sampler().sample(np.asarray(logits, dtype=np.float32), states).token_ids
+
+
+def distribution(logits_row, params: SamplingParams, grid: int = GRID, **kw) -> np.ndarray:
+    """The sampled distribution, read off by sweeping a grid of uniforms through the sampler."""
+    states = []
+    for i in range(grid):
+        s = state(params, **kw)
+        s.rng = FixedUniform((i + 0.5) / grid)
+        states.append(s)
+    tokens = sample(np.repeat(np.asarray(logits_row, np.float32)[None], grid, axis=0), states)
+    return np.bincount(tokens, minlength=len(logits_row)) / grid
+
+
+def softmax(x) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def log_softmax(x) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    return x - x.max() - np.log(np.exp(x - x.max()).sum())
+
+
+def test_greedy_is_argmax_and_draws_nothing():
+    logits = np.random.default_rng(0).standard_normal((8, 1000))
+    states = [state(SamplingParams(temperature=0.0, top_p=0.5, top_k=3, min_p=0.3)) for _ in range(8)]
+    before = [s.rng.bit_generator.state for s in states]
+    assert np.array_equal(sample(logits, states), logits.astype(np.float32).argmax(axis=1))
+    assert [s.rng.bit_generator.state for s in states] == before
+
+
+def test_a_random_row_takes_exactly_one_uniform_per_step():
+    for params in [SamplingParams(seed=3), SamplingParams(top_k=1, seed=3),
+                   SamplingParams(top_p=0.5, top_k=4, min_p=0.2, seed=3), SamplingParams(top_p=0.3, seed=3)]:
+        s = state(params)
+        for _ in range(3):
+            sample(np.random.default_rng(4).standard_normal((1, 50)), [s])
+        reference = make_rng(3)
+        reference.random(3)
+        assert s.rng.bit_generator.state == reference.bit_generator.state, params
+
+
+@pytest.mark.parametrize("temperature", [1e-3, 0.5, 1.0, 7.0])
+def test_top_k_1_is_greedy(temperature):
+    rng = np.random.default_rng(1)
+    logits = np.round(rng.standard_normal((32, 3000)) * 2, 1)  # rounded: ties at the top too
+    greedy = sample(logits, [state(SamplingParams(temperature=0)) for _ in range(32)])
+    params = SamplingParams(temperature=temperature, top_k=1, top_p=0.3, min_p=0.5)
+    assert np.array_equal(sample(logits, [state(params) for _ in range(32)]), greedy)
+
+
+TARGETS = [
+    SamplingParams(temperature=1.0, seed=7),
+    SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=7),
+    SamplingParams(temperature=1.3, top_p=0.95, seed=7),
+    SamplingParams(temperature=0.7, min_p=0.05, presence_penalty=0.5, repetition_penalty=1.2, seed=7),
+]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_seed_reproduces_whatever_the_batch(target):
+    vocab, steps = 3001, 50  # over one 1024-column block, and not a multiple of it
+    world = np.random.default_rng(2)
+    target_logits = world.standard_normal((steps, vocab)) * 2
+    others = [SamplingParams(temperature=0.9, top_k=20), SamplingParams(temperature=0),
+              SamplingParams(temperature=1.1, top_p=0.8, seed=3), SamplingParams(temperature=0.5),
+              SamplingParams(temperature=1.0, top_k=50, seed=9), SamplingParams(min_p=0.1),
+              SamplingParams(temperature=2.0, top_p=0.5, top_k=200)]
+
+    def run(position: int | None) -> list[int]:
+        me = state(target, prompt=[1, 2, 3])
+        batch = [me] if position is None else [state(p, prompt=[4]) for p in others]
+        if position is not None:
+            batch.insert(position, me)
+        for step in range(steps):
+            logits = world.standard_normal((len(batch), vocab)) * 2
+            logits[next(i for i, s in enumerate(batch) if s is me)] = target_logits[step]
+            tokens = sample(logits, batch)
+            for s, t in zip(batch, tokens):
+                s.output_token_ids.append(int(t))
+        return me.output_token_ids
+
+    alone = run(None)
+    assert len(set(alone)) > 10  # it really sampled
+    for position in (0, 3, 7):
+        assert run(position) == alone
+
+
+def test_unseeded_rows_differ():
+    states = [state(SamplingParams()) for _ in range(8)]
+    seqs = np.stack([sample(np.zeros((8, 1000)), states) for _ in range(20)], axis=1)
+    assert len({tuple(s) for s in seqs}) == 8
+
+
+def test_negative_and_huge_seeds_are_usable():
+    assert make_rng(-1).random() == make_rng(-1).random()
+    assert make_rng(2**70).random() != make_rng(1).random()
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_seen_logits():
+    logits = [2.0, 1.9, -1.0, -1.2, 0.5, 0.0]
+    seen = dict(prompt=[0, 0], output=[2])  # token 0 from the prompt, token 2 from the output
+    greedy = SamplingParams(temperature=0, repetition_penalty=2.0)
+    assert sample([logits], [state(greedy, **seen)])[0] == 1  # 2.0 / 2 drops below 1.9
+    assert sample([logits], [state(SamplingParams(temperature=0), **seen)])[0] == 0
+    got = distribution(logits, SamplingParams(repetition_penalty=2.0), **seen)
+    np.testing.assert_allclose(got, softmax([1.0, 1.9, -2.0, -1.2, 0.5, 0.0]), atol=2 / GRID)
+
+
+def test_presence_and_frequency_penalties_hit_output_tokens_only():
+    logits = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    params = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)
+    got = distribution(logits, params, prompt=[0, 1, 1], output=[2, 2, 2, 3])
+    expected = softmax([0.0, 0.0, -(0.5 + 3 * 0.25), -(0.5 + 1 * 0.25), 0.0, 0.0])
+    np.testing.assert_allclose(got, expected, atol=2 / GRID)
+    # A prompt token keeps its lead; a negative penalty pulls an output token ahead.
+    greedy = replace(params, temperature=0)
+    assert sample([[1.0, 0.9, 0.0]], [state(greedy, prompt=[0] * 50)])[0] == 0
+    pull = SamplingParams(temperature=0, presence_penalty=-0.2)
+    assert sample([[1.0, 0.9, 0.0]], [state(pull, output=[1])])[0] == 1
+
+
+@pytest.mark.parametrize("ignore_eos", [False, True])
+def test_min_tokens_masks_eos_and_stop_ids_until_reached(ignore_eos):
+    logits = [[0.0, 1.0, 0.0, 9.0, 0.0, 10.0]]  # eos 5 first, stop id 3 next
+    params = SamplingParams(temperature=0, min_tokens=3, stop_token_ids=(3,), ignore_eos=ignore_eos)
+    for done, expected in [(0, 1), (1, 1), (2, 1), (3, 5), (7, 5)]:
+        assert sample(logits, [state(params, output=[0] * done, eos=[5])])[0] == expected
+    got = distribution(logits[0], replace(params, temperature=1.0), output=[0], eos=[5])
+    np.testing.assert_allclose(got, softmax([0.0, 1.0, 0.0, -np.inf, 0.0, -np.inf]), atol=2 / GRID)
+
+
+def shuffled(probs, order) -> np.ndarray:
+    """Logits putting probs[i] on token order[i], so the best tokens are not the first ids."""
+    logits = np.full(len(order), -np.inf)
+    logits[list(order)] = np.log(probs)
+    return logits
+
+
+def test_top_p_keeps_the_smallest_set_reaching_it():
+    order = [3, 0, 4, 1, 2]
+    logits = shuffled([0.45, 0.35, 0.12, 0.05, 0.03], order)
+    params = SamplingParams(top_p=0.7, seed=11)
+    s = state(params)
+    tokens = np.array([sample([logits], [s])[0] for _ in range(2000)])
+    assert set(tokens) == {3, 0}
+    assert abs(np.mean(tokens == 3) - 0.45 / 0.8) < 0.05
+    expected = np.zeros(5)
+    expected[[3, 0]] = [0.45 / 0.8, 0.35 / 0.8]
+    np.testing.assert_allclose(distribution(logits, params), expected, atol=2 / GRID)
+    kept = np.flatnonzero(distribution(logits, replace(params, top_p=0.81)))
+    assert sorted(kept) == [0, 3, 4]
+
+
+def test_top_p_is_taken_after_top_k():
+    logits = shuffled([0.3, 0.25, 0.2, 0.15, 0.1], [2, 4, 0, 1, 3])
+    got = distribution(logits, SamplingParams(top_k=3, top_p=0.6))  # of 0.3, 0.25, 0.2
+    expected = np.zeros(5)
+    expected[[2, 4]] = [0.3 / 0.55, 0.25 / 0.55]
+    np.testing.assert_allclose(got, expected, atol=2 / GRID)
+
+
+def test_min_p_drops_tokens_below_a_share_of_the_best():
+    logits = shuffled([0.5, 0.3, 0.12, 0.08], [1, 3, 0, 2])
+    got = distribution(logits, SamplingParams(min_p=0.2))  # threshold 0.1
+    expected = np.array([0.12, 0.5, 0.0, 0.3]) / 0.92
+    np.testing.assert_allclose(got, expected, atol=2 / GRID)
+
+
+def test_inverse_cdf_spans_blocks_of_the_vocabulary():
+    probs = {100: 0.2, 1030: 0.3, 1500: 0.1, 2400: 0.4}  # blocks of 1024 columns, one empty
+    logits = np.full(2500, -np.inf)
+    logits[list(probs)] = np.log(list(probs.values()))
+    got = distribution(logits, SamplingParams(), grid=4000)
+    np.testing.assert_allclose(got[list(probs)], list(probs.values()), atol=2 / 4000)
+
+
+def test_a_uniform_next_to_1_picks_the_last_token_and_never_past_it():
+    # 1023 tokens each below half an ulp of 1.0: a sequential float64 cumsum drops them all
+    # while a pairwise block sum keeps them, so the two levels of the inverse CDF disagree.
+    logits = np.full((1, 1024), -37.5, dtype=np.float32)
+    logits[0, 0] = 0.0
+    s = state(SamplingParams())
+    s.rng = FixedUniform(np.nextafter(1.0, 0.0))
+    assert sample(logits, [s])[0] == 1023
+
+
+def test_top_p_nucleus_wider_than_the_candidate_guess():
+    logits = -np.arange(2100, dtype=np.float32) * 1e-4  # nearly flat: ~1300 tokens reach 0.6
+    cumulative = np.cumsum(softmax(logits))
+    keep = int(np.searchsorted(cumulative, 0.6) + 1)
+    got = distribution(logits, SamplingParams(top_p=0.6), grid=4000)
+    assert keep > 1024 and set(np.flatnonzero(got)) == set(range(keep))
+
+
+def test_logprobs_are_the_raw_log_softmax():
+    rng = np.random.default_rng(5)
+    logits = rng.standard_normal((3, 500)).astype(np.float32) * 3
+    params = SamplingParams(temperature=0.7, repetition_penalty=1.3, top_k=10, logprobs=5)
+    states = [state(params, prompt=[1, 2]), state(replace(params, logprobs=0)),
+              state(replace(params, logprobs=None))]
+    out = Sampler().sample(logits, states)
+    for i in (0, 1):
+        expected = log_softmax(logits[i])
+        assert out.logprobs[i] == pytest.approx(expected[out.token_ids[i]], abs=1e-5)
+    assert np.isnan(out.logprobs[2])
+    expected = log_softmax(logits[0])
+    ids = [t for t, _ in out.top_logprobs[0]]
+    assert ids == list(np.argsort(-expected)[:5])
+    values = [v for _, v in out.top_logprobs[0]]
+    assert values == sorted(values, reverse=True)
+    np.testing.assert_allclose(values, expected[ids], atol=1e-5)
+    assert out.top_logprobs[1] == [] and out.top_logprobs[2] is None
+    assert out.logprobs.dtype == np.float32 and out.token_ids.dtype == np.int64
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(max_tokens=-1), "max_tokens"),
+    (dict(temperature=-0.1), "temperature"),
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(top_k=-2), "top_k"),
+    (dict(min_p=1.1), "min_p"),
+    (dict(min_p=-0.1), "min_p"),
+    (dict(repetition_penalty=0.0), "repetition_penalty"),
+    (dict(presence_penalty=2.5), "presence_penalty"),
+    (dict(frequency_penalty=-2.1), "frequency_penalty"),
+    (dict(logprobs=-1), "logprobs"),
+    (dict(logprobs=21), "logprobs"),
+    (dict(max_tokens=4, min_tokens=5), "min_tokens"),
+    (dict(n=2), "n > 1 is not supported yet"),
+    (dict(n=0), "n"),
+])
+def test_validation_names_the_parameter(kwargs, name):
+    with pytest.raises(ValueError, match=f"^{name}"):
+        SamplingParams(**kwargs)
+
+
+def test_params_defaults_and_coercion():
+    p = SamplingParams(stop="\n", stop_token_ids=[3, 4], top_k=-1, logprobs=20)
+    assert p.stop == ("\n",) and p.stop_token_ids == (3, 4)
+    assert not p.is_greedy and SamplingParams(temperature=0).is_greedy
+    assert hash(p) == hash(SamplingParams(stop=("\n",), stop_token_ids=(3, 4), top_k=-1, logprobs=20))
+
+
+def allowed(raw: np.ndarray, s: SamplingState) -> np.ndarray:
+    """A slow float64 reference of the tokens a row may produce, generous at rounding edges."""
+    p = s.params
+    x = raw.astype(np.float64)
+    seen = sorted(set(s.prompt_token_ids) | set(s.output_token_ids))
+    x[seen] = np.where(x[seen] > 0, x[seen] / p.repetition_penalty, x[seen] * p.repetition_penalty)
+    counts = np.bincount(s.output_token_ids, minlength=len(x))[:len(x)]
+    x -= p.presence_penalty * (counts > 0) + p.frequency_penalty * counts
+    if len(s.output_token_ids) < p.min_tokens:
+        x[list(s.eos_token_ids + p.stop_token_ids)] = -np.inf
+    ok = np.isfinite(x)
+    if not ok.any():
+        return ok
+    tol = 1e-4 * (1 + np.abs(x[ok]).max())
+    if p.is_greedy:
+        return ok & (x >= x.max() - tol)
+    top_k = p.top_k if p.top_k > 0 else len(x)
+    ok &= x >= np.sort(x)[::-1][min(top_k, len(x)) - 1] - tol
+    prob = np.where(ok, np.exp((x - x.max()) / p.temperature), 0.0)
+    ok &= prob >= p.min_p * (1 - 1e-4)
+    prob = np.where(ok, prob, 0.0)
+    # The mass of the tokens strictly more likely than each one, ties counted in its favour.
+    ascending = np.sort(prob)
+    mass = np.concatenate([[0.0], np.cumsum(ascending)])
+    above = mass[-1] - mass[np.searchsorted(ascending, prob * (1 + 1e-4), side="right")]
+    return ok & (above < p.top_p * mass[-1] * (1 + 1e-4))
+
+
+params_strategy = st.builds(
+    SamplingParams,
+    max_tokens=st.just(64),
+    temperature=st.sampled_from([0.0, 0.05, 0.7, 1.0, 2.5]),
+    top_p=st.sampled_from([1.0, 0.95, 0.5, 0.1]),
+    top_k=st.sampled_from([0, -1, 1, 2, 5, 40]),
+    min_p=st.sampled_from([0.0, 0.05, 0.5, 1.0]),
+    repetition_penalty=st.sampled_from([1.0, 0.8, 1.5]),
+    presence_penalty=st.sampled_from([0.0, 1.0, -2.0]),
+    frequency_penalty=st.sampled_from([0.0, 0.5, 2.0]),
+    stop_token_ids=st.sampled_from([(), (0,), (1, 2)]),
+    min_tokens=st.sampled_from([0, 3]),
+    seed=st.integers(0, 2**32),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rows=st.lists(st.tuples(params_strategy, st.lists(st.integers(0, 7), max_size=6)), min_size=1, max_size=6),
+    vocab=st.sampled_from([3, 8, 100, 2500]),
+    scale=st.sampled_from([0.1, 3.0, 30.0]),
+    ties=st.booleans(),
+    masked=st.sampled_from([0.0, 0.3, 0.9]),
+    data_seed=st.integers(0, 2**32),
+)
+def test_sampled_tokens_are_always_allowed(rows, vocab, scale, ties, masked, data_seed):
+    rng = np.random.default_rng(data_seed)
+    logits = rng.standard_normal((len(rows), vocab)) * scale
+    if ties:
+        logits = np.round(logits)
+    logits[rng.random(logits.shape) < masked] = -np.inf
+    states = [state(p, prompt=[3 % vocab, 4 % vocab], output=[t % vocab for t in out], eos=[5 % vocab])
+              for p, out in rows]
+    refs = [allowed(row, s) for row, s in zip(logits.astype(np.float32), states)]
+    assume(all(r.any() for r in refs))
+    tokens = sample(logits, states)
+    for t, ref, row in zip(tokens, refs, logits):
+        assert np.isfinite(row[t]) and ref[t]

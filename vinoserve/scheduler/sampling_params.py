@@ -1,0 +1,70 @@
+"""Per-request sampling settings, with vLLM / OpenAI semantics and defaults."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Below this a temperature is treated as greedy, as vLLM does: dividing by it would
+# only turn the softmax into an argmax with extra rounding.
+GREEDY_EPS = 1e-5
+MAX_LOGPROBS = 20  # the OpenAI API's cap on top_logprobs
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0  # on prompt and output tokens; 1: off
+    presence_penalty: float = 0.0  # on output tokens only
+    frequency_penalty: float = 0.0  # on output tokens only
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens exist
+    logprobs: int | None = None  # k: the chosen token's logprob plus the top k
+    stop: tuple[str, ...] = ()  # matched on text by the engine's detokenizer
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        # JSON gives lists; tuples keep the params hashable and concatenable with EOS ids.
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        object.__setattr__(self, "stop", stop)
+        self.validate()
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < GREEDY_EPS
+
+    def validate(self) -> None:
+        # `not (a <= x <= b)` rather than `x < a or x > b` so that NaN is rejected too.
+        if not self.max_tokens >= 0:
+            _fail("max_tokens", "must be >= 0", self.max_tokens)
+        if not self.temperature >= 0:
+            _fail("temperature", "must be >= 0", self.temperature)
+        if not 0 < self.top_p <= 1:
+            _fail("top_p", "must be in (0, 1]", self.top_p)
+        if not self.top_k >= -1:
+            _fail("top_k", "must be -1 or 0 (off) or a positive count", self.top_k)
+        if not 0 <= self.min_p <= 1:
+            _fail("min_p", "must be in [0, 1]", self.min_p)
+        if not self.repetition_penalty > 0:
+            _fail("repetition_penalty", "must be > 0", self.repetition_penalty)
+        if not -2 <= self.presence_penalty <= 2:
+            _fail("presence_penalty", "must be in [-2, 2]", self.presence_penalty)
+        if not -2 <= self.frequency_penalty <= 2:
+            _fail("frequency_penalty", "must be in [-2, 2]", self.frequency_penalty)
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            _fail("logprobs", f"must be in [0, {MAX_LOGPROBS}]", self.logprobs)
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            _fail("min_tokens", f"must be in [0, max_tokens={self.max_tokens}]", self.min_tokens)
+        if self.n < 1:
+            _fail("n", "must be >= 1", self.n)
+        if self.n > 1:
+            raise ValueError("n > 1 is not supported yet")
+
+
+def _fail(name: str, rule: str, value: object) -> None:
+    raise ValueError(f"{name} {rule}, got {value!r}")

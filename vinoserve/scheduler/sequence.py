@@ -1,0 +1,52 @@
+"""A request's token sequence and its lifecycle through the scheduler."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from vinoserve.scheduler.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # blocks taken back; waits to be recomputed from its tokens
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in (SequenceStatus.FINISHED, SequenceStatus.ABORTED)
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float = field(default_factory=time.monotonic)
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    block_table: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length" | "abort", as the OpenAI API names them
+    num_preemptions: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.num_uncomputed_tokens == 1 and self.num_computed_tokens >= len(self.prompt_token_ids)
+
+    def token_ids(self, start: int, stop: int) -> list[int]:
+        n = len(self.prompt_token_ids)
+        if stop <= n:
+            return self.prompt_token_ids[start:stop]
+        return (self.prompt_token_ids + self.output_token_ids)[start:stop]
