@@ -1,0 +1,143 @@
+"""The engine's step loop in its own thread, behind a message boundary.
+
+Callers (HTTP handlers on the asyncio loop) never touch engine state: they send AddRequest and
+Abort messages; the loop thread applies them between steps and sends outputs back onto the
+caller's event loop. A consumer that stops iterating (a client disconnect) becomes an Abort.
+OpenVINO releases the GIL inside infer(), so the event loop stays responsive during a step.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from vinoserve.engine.llm_engine import LLMEngine
+from vinoserve.engine.outputs import RequestOutput
+from vinoserve.scheduler.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    stream: _Stream
+
+
+@dataclass(frozen=True)
+class Abort:
+    request_id: str
+
+
+class _Stream:
+    """Outputs of one request, handed from the engine thread to the caller's event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the caller's loop is gone; nobody is listening
+            pass
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._inbox: queue.SimpleQueue[AddRequest | Abort | None] = queue.SimpleQueue()
+        self._streams: dict[str, _Stream] = {}
+        self._ids = itertools.count()
+        self._thread = threading.Thread(target=self._run, name="vinoserve-engine", daemon=True)
+        self.error: BaseException | None = None
+        self.num_waiting = 0  # mirrored from the scheduler after each step, for admission control
+        self.num_running = 0
+        self._thread.start()
+
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    def prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+        """Tokenize and validate in the caller's thread, so bad input fails before it is queued."""
+        params.validate()
+        ids = self.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self.engine.check_request(ids, params)
+        return ids
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        if not self.is_alive:
+            raise RuntimeError("the engine is not running") from self.error
+        request_id = request_id or f"req-{next(self._ids)}"
+        stream = _Stream(asyncio.get_running_loop())
+        self._inbox.put(AddRequest(request_id, prompt_token_ids, params, stream))
+        finished = False
+        try:
+            while not finished:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(Abort(request_id))
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._inbox.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            while self._drain_inbox(block=not self.engine.has_unfinished_requests):
+                for out in self.engine.step():
+                    self._deliver(out)
+                self.num_waiting = len(self.engine.scheduler.waiting)
+                self.num_running = len(self.engine.scheduler.running)
+        except BaseException as e:  # a bug in a step: fail every caller rather than hang them
+            log.exception("engine loop died")
+            self.error = e
+            for stream in self._streams.values():
+                stream.put(RuntimeError(f"engine failure: {e}"))
+
+    def _drain_inbox(self, block: bool) -> bool:
+        """Apply queued messages; blocks for the first one when idle. False on shutdown."""
+        while True:
+            try:
+                msg = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if msg is None:
+                return False
+            if isinstance(msg, AddRequest):
+                self._add(msg)
+            elif (out := self.engine.abort_request(msg.request_id)) is not None:
+                self._deliver(out)
+
+    def _add(self, msg: AddRequest) -> None:
+        try:
+            self.engine.add_request(msg.request_id, msg.prompt_token_ids, msg.params)
+        except ValueError as e:
+            msg.stream.put(e)
+            return
+        self._streams[msg.request_id] = msg.stream
+
+    def _deliver(self, out: RequestOutput) -> None:
+        stream = self._streams.get(out.request_id)
+        if stream is None:
+            return
+        if out.finished:
+            del self._streams[out.request_id]
+        stream.put(out)

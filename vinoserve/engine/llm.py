@@ -1,0 +1,31 @@
+"""Offline batch API: LLM(model).generate(prompts, SamplingParams)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
+from vinoserve.engine.outputs import CompletionOutput
+from vinoserve.scheduler.sampling_params import SamplingParams
+
+
+class LLM:
+    def __init__(self, config: EngineConfig = EngineConfig(), log=print) -> None:
+        self.engine = LLMEngine(config, log)
+
+    def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams] = SamplingParams()) -> list[CompletionOutput]:
+        """All prompts batched together; results in prompt order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(per_prompt) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(per_prompt)} sampling params")
+        results: dict[str, CompletionOutput] = {}
+        for i, (prompt, p) in enumerate(zip(prompts, per_prompt)):
+            rid = f"offline-{i}"
+            ids = self.engine.add_request(rid, prompt if isinstance(prompt, str) else list(prompt), p)
+            results[rid] = CompletionOutput(rid, ids)
+        while self.engine.has_unfinished_requests:
+            for out in self.engine.step():
+                results[out.request_id].add(out)
+        return list(results.values())

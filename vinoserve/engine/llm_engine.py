@@ -1,0 +1,179 @@
+"""The step loop: scheduler -> model runner -> sampler -> outputs."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from vinoserve.cache.block_manager import BlockManager
+from vinoserve.cache.kv_cache import KVCache, num_blocks_for_bytes
+from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
+from vinoserve.engine.outputs import RequestMetrics, RequestOutput
+from vinoserve.engine.text_output import TextOutput
+from vinoserve.model.graph import WeightFormat
+from vinoserve.model.loader import LoadedModel, load_model
+from vinoserve.model.paged import CompileOptions
+from vinoserve.scheduler.sampler import Sampler, SamplingState
+from vinoserve.scheduler.sampling_params import SamplingParams
+from vinoserve.scheduler.scheduler import Scheduler, SchedulerConfig, ScheduledSequence
+from vinoserve.scheduler.sequence import Sequence, SequenceStatus
+
+# Without --kv-cache-size, the cache takes this share of the memory available at start.
+DEFAULT_KV_MEMORY_FRACTION = 0.25
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None  # None: the built-in default model
+    weight_format: WeightFormat = "f16"
+    compile: CompileOptions = field(default_factory=CompileOptions)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    kv_cache_size_gb: float | None = None
+    num_kv_blocks: int | None = None  # exact block count, overrides kv_cache_size_gb
+
+
+@dataclass(eq=False)
+class _Request:
+    seq: Sequence
+    text: TextOutput
+    sampling: SamplingState
+    metrics: RequestMetrics
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig = EngineConfig(), log=print) -> None:
+        self.config = config
+        self.model: LoadedModel = load_model(config.model, config.compile, config.weight_format, log)
+        self.tokenizer = self.model.tokenizer
+        paged, layers = self.model.paged, self.model.config.num_layers
+        num_blocks = config.num_kv_blocks or self._blocks_from_budget()
+        self.cache = KVCache(paged.layout, layers, num_blocks)
+        self.blocks = BlockManager(num_blocks, paged.block_size)
+        self.scheduler = Scheduler(config.scheduler, self.blocks)
+        self.runner = ModelRunner(paged, self.cache)
+        self.sampler = Sampler()
+        self.eos_token_ids = tuple(dict.fromkeys([*self.model.config.eos_token_ids, *self.tokenizer.eos_token_ids]))
+        self._requests: dict[str, _Request] = {}
+        log(f"KV cache: {num_blocks} blocks of {paged.block_size} tokens, {self.cache.nbytes / 2**30:.2f} GiB "
+            f"({paged.layout.key_type.get_type_name()} keys, {paged.layout.value_type.get_type_name()} values)")
+
+    def _blocks_from_budget(self) -> int:
+        paged, layers = self.model.paged, self.model.config.num_layers
+        if self.config.kv_cache_size_gb is not None:
+            budget = int(self.config.kv_cache_size_gb * 2**30)
+        else:
+            budget = int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * DEFAULT_KV_MEMORY_FRACTION)
+        # More blocks than every sequence at full context could use would be memory for nothing.
+        per_seq = -(-self.model.config.max_context // paged.block_size)
+        cap = self.config.scheduler.max_num_seqs * per_seq
+        blocks = min(num_blocks_for_bytes(budget, paged.layout, layers), cap)
+        if blocks < 1:
+            raise ValueError(f"a KV cache of {budget} bytes holds no block")
+        return blocks
+
+    @property
+    def max_context(self) -> int:
+        return self.model.config.max_context
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    arrival_time: float | None = None) -> list[int]:
+        """Queue a request; returns its prompt token ids. ValueError if it can never run."""
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        params.validate()
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self.check_request(ids, params)
+        seq = Sequence(request_id, ids, params)
+        if arrival_time is not None:
+            seq.arrival_time = arrival_time
+        sampling = SamplingState(params, seq.prompt_token_ids, seq.output_token_ids, self.eos_token_ids)
+        self._requests[request_id] = _Request(seq, TextOutput(self.tokenizer, params.stop), sampling,
+                                              RequestMetrics(seq.arrival_time))
+        self.scheduler.add(seq)
+        return ids
+
+    def check_request(self, ids: list[int], params: SamplingParams) -> None:
+        """ValueError naming the problem if this request could never run; reads only fixed config."""
+        if not ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.model.config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        total = len(ids) + params.max_tokens
+        if total > self.max_context:
+            raise ValueError(f"this model's maximum context length is {self.max_context} tokens; the prompt "
+                             f"has {len(ids)} and max_tokens is {params.max_tokens} ({total} in all)")
+        if self.blocks.blocks_for(total) > self.blocks.num_blocks:
+            raise ValueError(f"the request needs {total} tokens of KV cache; the cache holds "
+                             f"{self.blocks.num_blocks * self.blocks.block_size}")
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Retire a request now (call between steps); its blocks are freed at once."""
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return None
+        self.scheduler.finish(req.seq, SequenceStatus.ABORTED, "abort")
+        req.metrics.finished_time = time.monotonic()
+        return self._output(req, [], "")
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._requests)
+
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        if not plan.scheduled:
+            return []
+        now = time.monotonic()
+        sampled = [s for s in plan.scheduled if s.samples]
+        logits = self.runner.step([self._chunk(s) for s in plan.scheduled])
+        for s in plan.scheduled:
+            s.seq.num_computed_tokens += s.num_tokens
+            metrics = self._requests[s.seq.request_id].metrics
+            metrics.first_scheduled_time = metrics.first_scheduled_time or now
+        if not sampled:
+            return []
+        rows = np.concatenate([lg for lg, s in zip(logits, plan.scheduled) if s.samples])
+        reqs = [self._requests[s.seq.request_id] for s in sampled]
+        result = self.sampler.sample(rows, [r.sampling for r in reqs])
+        return [self._append(r, int(result.token_ids[i]), float(result.logprobs[i]), result.top_logprobs[i])
+                for i, r in enumerate(reqs)]
+
+    def _chunk(self, s: ScheduledSequence) -> ScheduledChunk:
+        start = s.seq.num_computed_tokens
+        return ScheduledChunk(s.seq.token_ids(start, start + s.num_tokens), start, s.seq.block_table,
+                              1 if s.samples else 0)
+
+    def _append(self, req: _Request, token: int, logprob: float, top) -> RequestOutput:
+        seq, params = req.seq, req.seq.params
+        seq.output_token_ids.append(token)
+        req.metrics.first_token_time = req.metrics.first_token_time or time.monotonic()
+        reason = None
+        if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
+            reason, text = "stop", ""
+        else:
+            text = req.text.add(token)
+            if req.text.stopped:
+                reason = "stop"
+        if reason is None and (len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_context):
+            reason = "length"
+        if reason is not None:
+            text += req.text.flush()
+            self.scheduler.finish(seq, SequenceStatus.FINISHED, reason)
+            req.metrics.finished_time = time.monotonic()
+            del self._requests[seq.request_id]
+        logprobs = [(logprob, top or [])] if params.logprobs is not None else None
+        return self._output(req, [token], text, logprobs)
+
+    def _output(self, req: _Request, tokens: list[int], text: str, logprobs=None) -> RequestOutput:
+        seq = req.seq
+        return RequestOutput(seq.request_id, seq.prompt_token_ids, tokens, text,
+                             finished=seq.status.is_finished, finish_reason=seq.finish_reason,
+                             num_output_tokens=len(seq.output_token_ids), new_logprobs=logprobs,
+                             metrics=req.metrics)

@@ -1,0 +1,46 @@
+"""What the engine hands back per request per step: deltas, so streaming costs O(new tokens)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    num_output_tokens: int = 0  # all generated so far, the stop token included
+    # Per new token: (logprob of the chosen token, top alternatives) when the request asked.
+    new_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+    metrics: RequestMetrics | None = None
+
+
+@dataclass
+class CompletionOutput:
+    """A finished request, accumulated (the offline API's result)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+
+    def add(self, out: RequestOutput) -> None:
+        self.token_ids += out.new_token_ids
+        self.text += out.new_text
+        if out.new_logprobs is not None:
+            self.logprobs = (self.logprobs or []) + out.new_logprobs
+        if out.finished:
+            self.finish_reason = out.finish_reason

@@ -1,0 +1,36 @@
+"""Text of one request as it grows: incremental detokenization plus stop strings, which may
+straddle token boundaries and must never reach the client."""
+from __future__ import annotations
+
+from vinoserve.engine.detokenize import IncrementalDetokenizer
+from vinoserve.model.tokenizer import Tokenizer
+
+
+class TextOutput:
+    def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...] = ()) -> None:
+        self._detok = IncrementalDetokenizer(tokenizer)
+        self._stop = tuple(s for s in stop if s)
+        # Text that could still be the start of a stop string is held back until decided.
+        self._hold = max((len(s) for s in self._stop), default=1) - 1
+        self._pending = ""
+        self.stopped = False
+
+    def add(self, token_id: int) -> str:
+        """Text safe to emit after `token_id`; sets `stopped` when a stop string completed."""
+        self._pending += self._detok.add(token_id)
+        if not self._stop:
+            out, self._pending = self._pending, ""
+            return out
+        hits = [i for i in (self._pending.find(s) for s in self._stop) if i >= 0]
+        if hits:
+            self.stopped = True
+            out, self._pending = self._pending[:min(hits)], ""
+            return out
+        cut = max(0, len(self._pending) - self._hold)
+        out, self._pending = self._pending[:cut], self._pending[cut:]
+        return out
+
+    def flush(self) -> str:
+        """At the end of a request that did not stop on a string, the held-back tail is text."""
+        out, self._pending = ("" if self.stopped else self._pending), ""
+        return out
