@@ -249,6 +249,7 @@ def test_logprobs_are_the_raw_log_softmax():
 
 @pytest.mark.parametrize("kwargs, name", [
     (dict(max_tokens=-1), "max_tokens"),
+    (dict(max_tokens=0), "max_tokens"),
     (dict(temperature=-0.1), "temperature"),
     (dict(temperature=float("nan")), "temperature"),
     (dict(top_p=0.0), "top_p"),

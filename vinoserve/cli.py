@@ -55,38 +55,32 @@ def _prepare(args: argparse.Namespace) -> None:
 
 
 def _generate(args: argparse.Namespace) -> None:
-    from vinoserve.engine.detokenize import IncrementalDetokenizer
-    from vinoserve.engine.generate import GenerationConfig, generate_tokens
-    from vinoserve.model.loader import load_model
+    from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
     from vinoserve.model.paged import CompileOptions
+    from vinoserve.scheduler.sampling_params import SamplingParams
 
-    if args.max_tokens < 1:
-        raise ValueError("--max-tokens must be at least 1")
-    if args.temperature < 0:
-        raise ValueError("--temperature must be >= 0")
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     options = CompileOptions(args.device, args.inference_precision, args.kv_cache_precision, args.threads)
     start = time.perf_counter()
-    model = load_model(args.model, options, args.weight_format, log=_log)
-    tok = model.tokenizer
-    _log(f"loaded {model.path.name} on {args.device} in {time.perf_counter() - start:.1f} s "
-         f"({model.paged.inference_precision} inference, {model.paged.layout.key_type.get_type_name()} KV cache)")
+    engine = LLMEngine(EngineConfig(args.model, args.weight_format, options), log=_log)
+    tok = engine.tokenizer
+    _log(f"loaded {engine.model.path.name} on {args.device} in {time.perf_counter() - start:.1f} s "
+         f"({engine.model.paged.inference_precision} inference)")
     if tok.chat_template and not args.raw:
-        text = tok.apply_chat_template([{"role": "user", "content": args.prompt}])
-        ids = tok.encode(text, add_special_tokens=False)
+        prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": args.prompt}]),
+                            add_special_tokens=False)
     else:
-        ids = tok.encode(args.prompt)
-    eos = tuple(dict.fromkeys([*model.config.eos_token_ids, *tok.eos_token_ids]))
-    cfg = GenerationConfig(args.max_tokens, args.temperature, args.seed, stop_token_ids=eos)
-    detok = IncrementalDetokenizer(tok)
+        prompt = tok.encode(args.prompt)
+    engine.add_request("cli", prompt, params)
     start, count = time.perf_counter(), 0
-    for token in generate_tokens(model.paged, ids, cfg):
-        count += 1
-        if token not in eos:
-            sys.stdout.write(detok.add(token))
+    while engine.has_unfinished_requests:
+        for out in engine.step():
+            count = out.num_output_tokens
+            sys.stdout.write(out.new_text)
             sys.stdout.flush()
     sys.stdout.write("\n")
     elapsed = time.perf_counter() - start
-    _log(f"{len(ids)} prompt + {count} generated tokens in {elapsed:.2f} s ({count / elapsed:.1f} tok/s)")
+    _log(f"{len(prompt)} prompt + {count} generated tokens in {elapsed:.2f} s ({count / elapsed:.1f} tok/s)")
 
 
 def main(argv: list[str] | None = None) -> int:

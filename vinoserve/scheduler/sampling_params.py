@@ -40,8 +40,9 @@ class SamplingParams:
 
     def validate(self) -> None:
         # `not (a <= x <= b)` rather than `x < a or x > b` so that NaN is rejected too.
-        if not self.max_tokens >= 0:
-            _fail("max_tokens", "must be >= 0", self.max_tokens)
+        # The engine samples at least one token per request, as vLLM does.
+        if not self.max_tokens >= 1:
+            _fail("max_tokens", "must be >= 1", self.max_tokens)
         if not self.temperature >= 0:
             _fail("temperature", "must be >= 0", self.temperature)
         if not 0 < self.top_p <= 1:
