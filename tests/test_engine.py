@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-
 from gguf_fixtures import tiny_hf_model, write_gguf
+from hf_reference import hf_greedy
 from vinoserve.engine.llm import LLM
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.model.paged import CompileOptions
@@ -26,14 +25,6 @@ def tiny(tmp_path_factory):
     rng = np.random.default_rng(1)
     prompts = [rng.integers(0, hf.config.vocab_size, n).tolist() for n in PROMPT_LENS]
     return hf, str(path), prompts
-
-
-def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
 
 
 @pytest.fixture(scope="module")
