@@ -1,30 +1,26 @@
-"""Incremental detokenization that never emits half a UTF-8 character."""
+"""Streaming detokenization: O(1) per token, never half a UTF-8 character."""
 from __future__ import annotations
+
+import codecs
 
 from vinoserve.model.tokenizer import Tokenizer
 
-# Byte-level BPE splits multi-byte characters across tokens; until the rest arrives the partial
-# bytes decode to U+FFFD, which must not be streamed.
-_REPLACEMENT = "\ufffd"
-
 
 class IncrementalDetokenizer:
-    """Decodes only a short window of recent tokens per step (O(1), not O(length)); the window
-    starts at the previously emitted chunk so decoders see the left context they need."""
+    """Concatenates each token's bytes through an incremental UTF-8 decoder, which holds back a
+    character split across byte-level tokens until its last byte arrives."""
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
-        self.tokenizer = tokenizer
-        self.skip_special_tokens = skip_special_tokens
-        self.ids: list[int] = []
-        self._prefix = 0  # start of the decode window
-        self._read = 0  # ids before this were emitted
+        self._bytes = tokenizer.token_bytes
+        self._skip = tokenizer.special_token_ids if skip_special_tokens else frozenset()
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def add(self, token_id: int) -> str:
         """Text newly completed by `token_id` ('' while a character is still incomplete)."""
-        self.ids.append(token_id)
-        before = self.tokenizer.decode(self.ids[self._prefix:self._read], self.skip_special_tokens)
-        after = self.tokenizer.decode(self.ids[self._prefix:], self.skip_special_tokens)
-        if len(after) <= len(before) or after.endswith(_REPLACEMENT):
+        if token_id in self._skip or token_id >= len(self._bytes):
             return ""
-        self._prefix, self._read = self._read, len(self.ids)
-        return after[len(before):]
+        return self._utf8.decode(self._bytes[token_id])
+
+    def flush(self) -> str:
+        """Bytes of a character the text ended in the middle of, as U+FFFD."""
+        return self._utf8.decode(b"", final=True)

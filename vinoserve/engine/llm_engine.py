@@ -34,6 +34,13 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # exact block count, overrides kv_cache_size_gb
 
 
+@dataclass
+class StepStats:
+    num_steps: int = 0
+    step_seconds: float = 0.0  # whole steps: scheduling, packing, infer, sampling, outputs
+    num_generated_tokens: int = 0
+
+
 @dataclass(eq=False)
 class _Request:
     seq: Sequence
@@ -56,6 +63,7 @@ class LLMEngine:
         self.sampler = Sampler()
         self.eos_token_ids = tuple(dict.fromkeys([*self.model.config.eos_token_ids, *self.tokenizer.eos_token_ids]))
         self._requests: dict[str, _Request] = {}
+        self.stats = StepStats()
         log(f"KV cache: {num_blocks} blocks of {paged.block_size} tokens, {self.cache.nbytes / 2**30:.2f} GiB "
             f"({paged.layout.key_type.get_type_name()} keys, {paged.layout.value_type.get_type_name()} values)")
 
@@ -127,6 +135,14 @@ class LLMEngine:
         return len(self._requests)
 
     def step(self) -> list[RequestOutput]:
+        start = time.perf_counter()
+        outputs = self._step()
+        self.stats.num_steps += 1
+        self.stats.step_seconds += time.perf_counter() - start
+        self.stats.num_generated_tokens += len(outputs)
+        return outputs
+
+    def _step(self) -> list[RequestOutput]:
         plan = self.scheduler.schedule()
         if not plan.scheduled:
             return []

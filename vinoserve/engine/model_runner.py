@@ -1,6 +1,7 @@
 """One forward pass of the paged model over every token scheduled in a step, all sequences packed."""
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ class ModelRunner:
             self.request.set_tensor(f"key_cache.{layer}", k)
             self.request.set_tensor(f"value_cache.{layer}", v)
         self._num_layers = model.config.num_layers
+        self.infer_seconds = 0.0  # inside OpenVINO; the rest of a step is our Python
 
     def step(self, chunks: Sequence[ScheduledChunk]) -> list[np.ndarray]:
         """Runs the chunks; returns per chunk its logits [num_logits, vocab] (float32)."""
@@ -60,7 +62,9 @@ class ModelRunner:
         if len(sampled) == 0:
             # The graph needs at least one row to gather; compute one and drop it.
             inputs[SAMPLED_INDICES] = np.zeros(1, dtype=np.int64)
+        start = time.perf_counter()
         self.request.infer(inputs, share_inputs=True)
+        self.infer_seconds += time.perf_counter() - start
         logits = self.request.get_tensor("logits").data.reshape(-1, self.model.config.vocab_size)
         out, row = [], 0
         for c in chunks:

@@ -32,5 +32,7 @@ class TextOutput:
 
     def flush(self) -> str:
         """At the end of a request that did not stop on a string, the held-back tail is text."""
-        out, self._pending = ("" if self.stopped else self._pending), ""
+        if self.stopped:
+            return ""
+        out, self._pending = self._pending + self._detok.flush(), ""
         return out

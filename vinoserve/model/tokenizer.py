@@ -51,6 +51,7 @@ class Tokenizer:
         self._decoder = core.compile_model(detokenizer, "CPU").create_infer_request()
         self._encode_lock = threading.Lock()
         self._decode_lock = threading.Lock()
+        self.token_bytes = _token_bytes(core, detokenizer)
 
         # The graph always adds its template tokens (BOS...). Learn how many it puts before and
         # after the text, so add_special_tokens=False can cut exactly those off -- even when the
@@ -198,6 +199,34 @@ def _disable_graph_skip(detokenizer: ov.Model) -> list[int]:
         node.input(4).replace_source_output(ov.op.Constant(ov.Type.i32, ov.Shape([0]), []).output(0))
     detokenizer.validate_nodes_and_infer_types()
     return skip
+
+
+def _token_bytes(core: ov.Core, detokenizer: ov.Model) -> list[bytes]:
+    """The raw bytes each token id contributes to a text, for O(1) streaming detokenization.
+
+    Decodes every id once, in one batched call, with UTF-8 validation bypassed (a byte-level
+    token may hold half a character). Each id follows a fixed first token because decoders
+    strip the leading space of a text's first token (SentencePiece), which a token mid-text keeps."""
+    model = detokenizer.clone()
+    for node in model.get_ordered_ops():
+        if node.get_type_name() == "UTF8Validate":
+            for out, src in zip(node.outputs(), node.input_values()):
+                for target in out.get_target_inputs():
+                    target.replace_source_output(src)
+    model.validate_nodes_and_infer_types()
+    request = core.compile_model(model, "CPU").create_infer_request()
+    vocab = _vocab_size(model)
+    first = np.zeros(1, dtype=np.int64)  # any token: only its own bytes are cut off again
+    request.infer({0: first.reshape(1, 1)})
+    prefix = request.get_output_tensor(0).bytes_data[0]
+    request.infer({0: np.stack([np.zeros(vocab, np.int64), np.arange(vocab, dtype=np.int64)], axis=1)})
+    rows = request.get_output_tensor(0).bytes_data
+    return [row[len(prefix):] if row.startswith(prefix) else row for row in rows]
+
+
+def _vocab_size(detokenizer: ov.Model) -> int:
+    decoder = next(n for n in detokenizer.get_ordered_ops() if n.get_type_name() == "VocabDecoder")
+    return decoder.input_value(1).get_partial_shape()[0].get_length()
 
 
 def _parse_rt_value(value: Any) -> Any:

@@ -49,4 +49,6 @@ class Sequence:
         n = len(self.prompt_token_ids)
         if stop <= n:
             return self.prompt_token_ids[start:stop]
-        return (self.prompt_token_ids + self.output_token_ids)[start:stop]
+        if start >= n:  # decoding: no copy of the prompt every step
+            return self.output_token_ids[start - n:stop - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:stop - n]

@@ -1,0 +1,176 @@
+"""vinoserve's engine vs openvino-genai's C++ ContinuousBatchingPipeline, back to back.
+
+Same converted model directory, same token-id prompts (real English text), same scheduler budget,
+greedy with ignore_eos, the device's default precisions. Prints generated tok/s of both and their
+ratio, vinoserve's mean step time and the Python share of it (time outside infer()).
+
+    python benchmarks/engine_vs_genai.py                          # SmolLM2, 64 x (256 in, 128 out)
+    python benchmarks/engine_vs_genai.py --model qwen2-0.5b-random --prompts 16 --input-len 128
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from vinoserve.engine.llm import LLM
+from vinoserve.engine.llm_engine import EngineConfig
+from vinoserve.model.loader import resolve_model_dir
+from vinoserve.model.storage import cache_root
+from vinoserve.model.tokenizer import Tokenizer
+from vinoserve.scheduler.sampling_params import SamplingParams
+from vinoserve.scheduler.scheduler import SchedulerConfig
+
+QWEN2_05B = dict(layers=24, hidden=896, heads=14, kv_heads=2, ffn=4864, vocab=151936, theta=1000000.0)
+
+
+def real_text_prompts(tokenizer: Tokenizer, count: int, length: int) -> list[list[int]]:
+    """Distinct prompts of exactly `length` tokens cut from the standard library's docstrings."""
+    import email, json, logging, argparse as ap, collections, asyncio, subprocess, threading  # noqa: E401
+
+    text = " ".join(inspect.getdoc(obj) or "" for mod in (email, json, logging, ap, collections, asyncio,
+                                                          subprocess, threading, inspect)
+                    for _, obj in inspect.getmembers(mod) if inspect.isclass(obj) or inspect.isfunction(obj))
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    stride = max(1, (len(ids) - length) // count)
+    if len(ids) < length + count:
+        raise SystemExit(f"only {len(ids)} tokens of text; need {length + count}")
+    return [ids[i * stride:i * stride + length] for i in range(count)]
+
+
+def random_qwen2_gguf(path: Path, s: dict) -> Path:
+    """A Qwen2-0.5B-shaped GGUF with random f16 weights (the architecture's cost, not its quality)."""
+    import gguf
+
+    if path.is_file():
+        return path
+    rng = np.random.default_rng(0)
+    w = gguf.GGUFWriter(str(path) + ".part", "qwen2")
+    for key, val in [("block_count", s["layers"]), ("context_length", 32768), ("embedding_length", s["hidden"]),
+                     ("feed_forward_length", s["ffn"]), ("head_count", s["heads"]), ("head_count_kv", s["kv_heads"]),
+                     ("layer_norm_rms_eps", 1e-6), ("rope_freq_base", s["theta"]), ("vocab_size", s["vocab"])]:
+        getattr(w, f"add_{key}")(val)
+    byte_tokens = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(256, 256 + 162)]
+    tokens = byte_tokens + [f"[tok{i}]" for i in range(s["vocab"] - len(byte_tokens) - 1)] + ["<|endoftext|>"]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (len(tokens) - 1) + [3])
+    w.add_token_merges([])
+    w.add_eos_token_id(len(tokens) - 1)
+    hd = s["hidden"] // s["heads"]
+
+    def mat(rows, cols):
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float16)
+
+    w.add_tensor("token_embd.weight", mat(s["vocab"], s["hidden"]))
+    w.add_tensor("output_norm.weight", np.ones(s["hidden"], np.float32))
+    for i in range(s["layers"]):
+        p = f"blk.{i}."
+        for name, shape in [("attn_q", (s["hidden"], s["hidden"])), ("attn_k", (s["kv_heads"] * hd, s["hidden"])),
+                            ("attn_v", (s["kv_heads"] * hd, s["hidden"])), ("attn_output", (s["hidden"], s["hidden"])),
+                            ("ffn_gate", (s["ffn"], s["hidden"])), ("ffn_up", (s["ffn"], s["hidden"])),
+                            ("ffn_down", (s["hidden"], s["ffn"]))]:
+            w.add_tensor(p + name + ".weight", mat(*shape))
+        for name in ("attn_q", "attn_k", "attn_v"):
+            w.add_tensor(p + name + ".bias", np.zeros(s["hidden"] if name == "attn_q" else s["kv_heads"] * hd, np.float32))
+        w.add_tensor(p + "attn_norm.weight", np.ones(s["hidden"], np.float32))
+        w.add_tensor(p + "ffn_norm.weight", np.ones(s["hidden"], np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.rename(str(path) + ".part", path)
+    return path
+
+
+def run_vinoserve(model_dir: Path, prompts, out_len: int, blocks: int, budget: int) -> dict:
+    cfg = EngineConfig(model=str(model_dir), num_kv_blocks=blocks,
+                       scheduler=SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=budget))
+    llm = LLM(cfg, log=lambda m: None)
+    params = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
+    llm.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))  # warm-up
+    engine, runner = llm.engine, llm.engine.runner
+    steps0, step_s0, infer_s0 = engine.stats.num_steps, engine.stats.step_seconds, runner.infer_seconds
+    start = time.perf_counter()
+    results = llm.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    assert all(len(r.token_ids) == out_len for r in results)
+    steps = engine.stats.num_steps - steps0
+    step_s = engine.stats.step_seconds - step_s0
+    python_s = step_s - (runner.infer_seconds - infer_s0)
+    return dict(seconds=elapsed, tok_s=len(prompts) * out_len / elapsed, steps=steps,
+                step_ms=1e3 * step_s / steps, python_ms=1e3 * python_s / steps,
+                precision=engine.model.paged.inference_precision,
+                kv=engine.model.paged.layout.key_type.get_type_name())
+
+
+def run_genai(model_dir: Path, prompts, out_len: int, blocks: int, budget: int) -> dict:
+    import openvino as ov
+    import openvino_genai as genai
+
+    sched = genai.SchedulerConfig()
+    sched.num_kv_blocks, sched.max_num_batched_tokens, sched.max_num_seqs = blocks, budget, 256
+    pipe = genai.ContinuousBatchingPipeline(str(model_dir), sched, "CPU", {})
+    cfg = genai.GenerationConfig()
+    cfg.max_new_tokens, cfg.ignore_eos, cfg.do_sample = out_len, True, False
+    tensors = [ov.Tensor(np.array([p], dtype=np.int64)) for p in prompts]
+    warm = genai.GenerationConfig()
+    warm.max_new_tokens, warm.ignore_eos, warm.do_sample = 4, True, False
+    pipe.generate(tensors[:2], [warm] * 2)
+    start = time.perf_counter()
+    results = pipe.generate(tensors, [cfg] * len(tensors))
+    elapsed = time.perf_counter() - start
+    assert all(len(r.m_generation_ids[0]) == out_len for r in results)
+    return dict(seconds=elapsed, tok_s=len(prompts) * out_len / elapsed)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m-instruct",
+                    help="built-in name, .gguf, IR dir, or 'qwen2-0.5b-random'")
+    ap.add_argument("--weight-format", default="f16", choices=("f16", "int8", "f32"))
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--input-len", type=int, default=256)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=256)
+    ap.add_argument("--only", choices=("vinoserve", "genai"), default=None)
+    args = ap.parse_args()
+
+    model = args.model
+    if model == "qwen2-0.5b-random":
+        bench_dir = cache_root() / "bench"
+        bench_dir.mkdir(parents=True, exist_ok=True)
+        model = str(random_qwen2_gguf(bench_dir / "qwen2-0.5b-random.gguf", QWEN2_05B))
+    model_dir = resolve_model_dir(model, args.weight_format)
+    tokenizer = Tokenizer.from_ir_dir(model_dir)
+    if args.model == "qwen2-0.5b-random":
+        rng = np.random.default_rng(0)
+        prompts = rng.integers(0, QWEN2_05B["vocab"] - 1, (args.prompts, args.input_len)).tolist()
+    else:
+        prompts = real_text_prompts(tokenizer, args.prompts, args.input_len)
+    # Enough KV for every sequence at full length, so neither engine preempts.
+    blocks = args.prompts * math.ceil((args.input_len + args.output_len) / 32) + 8
+
+    print(f"model {model_dir.name}: {args.prompts} prompts x ({args.input_len} in, {args.output_len} out), "
+          f"max_num_batched_tokens {args.max_num_batched_tokens}, {os.cpu_count()} CPUs")
+    ours = theirs = None
+    if args.only != "genai":
+        ours = run_vinoserve(model_dir, prompts, args.output_len, blocks, args.max_num_batched_tokens)
+        print(f"vinoserve      {ours['tok_s']:8.1f} generated tok/s  ({ours['seconds']:.2f} s, {ours['steps']} steps, "
+              f"mean step {ours['step_ms']:.1f} ms, Python outside infer {ours['python_ms']:.2f} ms/step, "
+              f"{ours['precision']} inference, {ours['kv']} KV)")
+    if args.only != "vinoserve":
+        theirs = run_genai(model_dir, prompts, args.output_len, blocks, args.max_num_batched_tokens)
+        print(f"openvino-genai {theirs['tok_s']:8.1f} generated tok/s  ({theirs['seconds']:.2f} s)")
+    if ours and theirs:
+        print(f"ratio vinoserve / genai: {ours['tok_s'] / theirs['tok_s']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
