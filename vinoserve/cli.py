@@ -24,6 +24,8 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-precision", choices=("f32", "f16", "bf16", "u8", "u4"), default=None,
                    help="default: the device's choice")
     p.add_argument("--threads", type=int, default=None, help="inference threads (default: all cores)")
+    p.add_argument("--kv-cache-size", type=float, default=None, metavar="GB",
+                   help="KV cache memory (default: a quarter of the memory available at start)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +64,8 @@ def _generate(args: argparse.Namespace) -> None:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     options = CompileOptions(args.device, args.inference_precision, args.kv_cache_precision, args.threads)
     start = time.perf_counter()
-    engine = LLMEngine(EngineConfig(args.model, args.weight_format, options), log=_log)
+    engine = LLMEngine(EngineConfig(args.model, args.weight_format, options, kv_cache_size_gb=args.kv_cache_size),
+                       log=_log)
     tok = engine.tokenizer
     _log(f"loaded {engine.model.path.name} on {args.device} in {time.perf_counter() - start:.1f} s "
          f"({engine.model.paged.inference_precision} inference)")
