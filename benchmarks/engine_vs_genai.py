@@ -56,12 +56,12 @@ def random_qwen2_gguf(path: Path, s: dict) -> Path:
                      ("layer_norm_rms_eps", 1e-6), ("rope_freq_base", s["theta"]), ("vocab_size", s["vocab"])]:
         getattr(w, f"add_{key}")(val)
     byte_tokens = [chr(c) for c in range(33, 127)] + [chr(c) for c in range(256, 256 + 162)]
-    tokens = byte_tokens + [f"[tok{i}]" for i in range(s["vocab"] - len(byte_tokens) - 1)] + ["<|endoftext|>"]
+    tokens = byte_tokens + ["ab"] + [f"[tok{i}]" for i in range(s["vocab"] - len(byte_tokens) - 2)] + ["<|endoftext|>"]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
     w.add_token_list(tokens)
     w.add_token_types([1] * (len(tokens) - 1) + [3])
-    w.add_token_merges([])
+    w.add_token_merges(["a b"])
     w.add_eos_token_id(len(tokens) - 1)
     hd = s["hidden"] // s["heads"]
 

@@ -10,7 +10,7 @@ from vinoserve.model.default_model import DEFAULT_MODEL
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=os.environ.get("VINOSERVE_MODEL"),
+    p.add_argument("--model", default=None,
                    help=f"a .gguf file, an OpenVINO IR directory (optimum-cli export), or a built-in "
                         f"name (default: {DEFAULT_MODEL.name})")
     p.add_argument("--weight-format", choices=("f16", "int8", "f32"), default="f16",
@@ -43,7 +43,29 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--raw", action="store_true", help="do not wrap the prompt in the model's chat template")
     gen.add_argument("prompt")
+
+    from vinoserve.server.cli import add_serve_arguments
+
+    srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    _model_args(srv)
+    _compile_args(srv)
+    add_serve_arguments(srv)
+    for p in (prepare, gen, srv):
+        _defaults_from_environment(p)
     return parser
+
+
+def _defaults_from_environment(p: argparse.ArgumentParser) -> None:
+    """Every --some-flag defaults to $VINOSERVE_SOME_FLAG when that is set (containers, k8s)."""
+    for action in p._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        value = os.environ.get(f"VINOSERVE_{action.dest.upper()}")
+        if value is not None:
+            if isinstance(action, argparse._StoreTrueAction):
+                action.default = value.lower() in ("1", "true", "yes", "on")
+            else:
+                action.default = action.type(value) if action.type else value
 
 
 def _log(message: str) -> None:
@@ -91,7 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     from vinoserve.model.errors import ModelLoadError
 
     try:
-        {"prepare": _prepare, "generate": _generate}[args.command](args)
+        if args.command == "serve":
+            from vinoserve.server.cli import serve
+
+            serve(args)
+        else:
+            {"prepare": _prepare, "generate": _generate}[args.command](args)
     except (ModelLoadError, ValueError, FileNotFoundError) as e:
         print(f"vinoserve: error: {e}", file=sys.stderr)
         return 1

@@ -35,6 +35,18 @@ class Abort:
     request_id: str
 
 
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """Published by the engine thread after each step; replaced whole, so readers see one step."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    num_preemptions: int = 0
+    num_evicted_blocks: int = 0
+    num_rotated_blocks: int = 0
+
+
 class _Stream:
     """Outputs of one request, handed from the engine thread to the caller's event loop."""
 
@@ -57,8 +69,7 @@ class AsyncLLMEngine:
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="vinoserve-engine", daemon=True)
         self.error: BaseException | None = None
-        self.num_waiting = 0  # mirrored from the scheduler after each step, for admission control
-        self.num_running = 0
+        self.stats = EngineSnapshot()
         self._thread.start()
 
     @property
@@ -103,13 +114,20 @@ class AsyncLLMEngine:
             while self._drain_inbox(block=not self.engine.has_unfinished_requests):
                 for out in self.engine.step():
                     self._deliver(out)
-                self.num_waiting = len(self.engine.scheduler.waiting)
-                self.num_running = len(self.engine.scheduler.running)
+                self._publish()
         except BaseException as e:  # a bug in a step: fail every caller rather than hang them
             log.exception("engine loop died")
             self.error = e
             for stream in self._streams.values():
                 stream.put(RuntimeError(f"engine failure: {e}"))
+
+    def _publish(self) -> None:
+        sched, blocks = self.engine.scheduler, self.engine.blocks
+        self.stats = EngineSnapshot(
+            num_running=len(sched.running), num_waiting=len(sched.waiting),
+            kv_cache_usage=1.0 - blocks.num_free_blocks / blocks.num_blocks,
+            num_preemptions=sched.num_preemptions,
+        )
 
     def _drain_inbox(self, block: bool) -> bool:
         """Apply queued messages; blocks for the first one when idle. False on shutdown."""
@@ -125,6 +143,7 @@ class AsyncLLMEngine:
                 self._add(msg)
             elif (out := self.engine.abort_request(msg.request_id)) is not None:
                 self._deliver(out)
+            self._publish()
 
     def _add(self, msg: AddRequest) -> None:
         try:

@@ -1,0 +1,163 @@
+"""The FastAPI app: routes, auth, health, metrics; the engine loads in the background so /health
+can say 503 while it does."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import threading
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from vinoserve.engine.async_engine import AsyncLLMEngine
+from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
+from vinoserve.model.default_model import DEFAULT_MODEL
+from vinoserve.server import errors
+from vinoserve.server.errors import APIError
+from vinoserve.server.metrics import Metrics
+from vinoserve.server.openai_serving import OpenAIServing
+from vinoserve.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                                       TokenizeRequest, now)
+
+log = logging.getLogger("vinoserve")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    served_model_name: str | None = None  # default: the model's directory name
+    api_key: str | None = None
+    max_queue: int | None = None
+
+
+def default_model_name(model: str | None) -> str:
+    """What the user named: the built-in name, a GGUF's stem, or an IR directory's name."""
+    if model is None:
+        return DEFAULT_MODEL.name
+    path = Path(model)
+    return path.stem if path.suffix == ".gguf" else path.name or model
+
+
+class _State:
+    def __init__(self) -> None:
+        self.serving: OpenAIServing | None = None
+        self.engine: AsyncLLMEngine | None = None
+        self.load_error: BaseException | None = None
+
+    def ready(self) -> OpenAIServing:
+        if self.serving is None:
+            message = f"model failed to load: {self.load_error}" if self.load_error else "the model is loading"
+            raise APIError(503, message, code="model_not_ready")
+        return self.serving
+
+
+def create_app(config: ServerConfig) -> FastAPI:
+    state = _State()
+
+    def load() -> None:
+        try:
+            engine = AsyncLLMEngine(LLMEngine(config.engine, log=log.info))
+            name = config.served_model_name or default_model_name(config.engine.model)
+            metrics = Metrics(name)
+            metrics.watch(engine)
+            state.engine = engine
+            state.serving = OpenAIServing(engine, name, metrics, config.max_queue)
+            log.info("serving %s", name)
+        except BaseException as e:  # surfaced by /health and every endpoint
+            log.exception("model failed to load")
+            state.load_error = e
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        threading.Thread(target=load, name="vinoserve-load", daemon=True).start()
+        yield
+        if state.engine is not None:
+            await asyncio.to_thread(state.engine.shutdown)
+
+    app = FastAPI(title="vinoserve", lifespan=lifespan)
+    errors.install(app)
+
+    async def authorized(request: Request) -> None:
+        if config.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        given = header[7:] if header.lower().startswith("bearer ") else ""
+        if not secrets.compare_digest(given.encode(), config.api_key.encode()):
+            raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
+                           code="invalid_api_key")
+
+    auth = [Depends(authorized)]
+
+    @app.get("/health")
+    async def health() -> Response:
+        if state.engine is not None and state.engine.is_alive:
+            return Response(status_code=200)
+        reason = "engine stopped" if state.engine is not None else (
+            f"model failed to load: {state.load_error}" if state.load_error else "loading")
+        return errors.error_response(503, reason)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body = state.ready().metrics.render()
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models", dependencies=auth)
+    async def models() -> JSONResponse:
+        serving = state.ready()
+        card = {"id": serving.model_name, "object": "model", "created": now(), "owned_by": "vinoserve",
+                "max_model_len": serving.engine.engine.max_context}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @app.post("/v1/completions", dependencies=auth)
+    async def completions(req: CompletionRequest, raw: Request) -> Response:
+        serving = state.ready()
+        serving.check_model(req.model)
+        if req.echo:
+            raise APIError(400, "echo is not supported", "echo")
+        prompts = await asyncio.to_thread(serving.completion_prompts, req.prompt)  # big prompts take ms
+        k = req.logprobs
+        params = serving.sampling_params(req, req.max_tokens if req.max_tokens is not None else 16,
+                                         max(map(len, prompts)), k)
+        serving.admit(prompts, params, "prompt")
+        return await serving.respond(raw, req, prompts, params, chat=False)
+
+    @app.post("/v1/chat/completions", dependencies=auth)
+    async def chat(req: ChatCompletionRequest, raw: Request) -> Response:
+        serving = state.ready()
+        serving.check_model(req.model)
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError(400, "top_logprobs requires logprobs: true", "top_logprobs")
+        prompt = await asyncio.to_thread(serving.chat_prompt, req)
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        params = serving.sampling_params(req, max_tokens, len(prompt),
+                                         (req.top_logprobs or 0) if req.logprobs else None)
+        serving.admit([prompt], params, "messages")
+        return await serving.respond(raw, req, [prompt], params, chat=True)
+
+    @app.post("/tokenize", dependencies=auth)
+    async def tokenize(req: TokenizeRequest) -> JSONResponse:
+        serving = state.ready()
+        serving.check_model(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise APIError(400, "give exactly one of prompt or messages", "prompt")
+        if req.messages is not None:
+            ids = serving.chat_prompt(ChatCompletionRequest(messages=req.messages,
+                                                            add_generation_prompt=req.add_generation_prompt))
+        else:
+            ids = serving.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        return JSONResponse({"count": len(ids), "max_model_len": serving.engine.engine.max_context, "tokens": ids})
+
+    @app.post("/detokenize", dependencies=auth)
+    async def detokenize(req: DetokenizeRequest) -> JSONResponse:
+        serving = state.ready()
+        serving.check_model(req.model)
+        vocab = serving.engine.engine.model.config.vocab_size
+        if any(not 0 <= t < vocab for t in req.tokens):
+            raise APIError(400, f"token ids must be in [0, {vocab})", "tokens")
+        return JSONResponse({"prompt": serving.tokenizer.decode(req.tokens)})
+
+    return app

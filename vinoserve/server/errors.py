@@ -1,0 +1,68 @@
+"""OpenAI-style errors: {"error": {"message", "type", "param", "code"}}, never a traceback."""
+from __future__ import annotations
+
+import logging
+from dataclasses import fields
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from vinoserve.scheduler.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          405: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable_error"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param,
+                      "code": code}}
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code), status_code=status)
+
+
+_PARAMS = {f.name for f in fields(SamplingParams)}
+
+
+def bad_value(e: ValueError, default_param: str | None = None) -> APIError:
+    """A ValueError from validation; SamplingParams' messages start with the parameter's name."""
+    message = str(e)
+    first = message.split(" ", 1)[0]
+    return APIError(400, message, first if first in _PARAMS else default_param)
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api(_: Request, e: APIError) -> JSONResponse:
+        return error_response(e.status, e.message, e.param, e.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, e: RequestValidationError) -> JSONResponse:
+        # Report the first problem in OpenAI's words; pydantic's own structure stays inside.
+        first = e.errors()[0] if e.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        param = ".".join(loc) or None
+        message = first.get("msg", "invalid request")
+        if first.get("type") == "json_invalid":
+            message, param = "the request body is not valid JSON", None
+        return error_response(400, f"{param}: {message}" if param else message, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
+        return error_response(e.status_code, str(e.detail))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, e: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return error_response(500, "internal server error")

@@ -1,0 +1,77 @@
+"""Prometheus metrics under vLLM's names, so existing dashboards and autoscalers work unchanged."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from vinoserve.engine.async_engine import AsyncLLMEngine
+from vinoserve.engine.outputs import RequestMetrics
+
+disable_created_metrics()  # the *_created series only add noise to every scrape
+
+_LATENCY = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+            20.0, 40.0, 80.0)
+
+
+class _EngineGauges:
+    """Read at scrape time from what the engine thread publishes after each step."""
+
+    def __init__(self, engine: AsyncLLMEngine, model: str) -> None:
+        self.engine, self.model = engine, model
+
+    def collect(self):
+        stats = self.engine.stats
+        for family, name, doc, value in [
+            (GaugeMetricFamily, "vllm:num_requests_running", "Requests in the running batch.", stats.num_running),
+            (GaugeMetricFamily, "vllm:num_requests_waiting", "Requests waiting to be scheduled.",
+             stats.num_waiting),
+            (GaugeMetricFamily, "vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).",
+             stats.kv_cache_usage),
+            (CounterMetricFamily, "vllm:num_preemptions", "Preemptions by recompute.", stats.num_preemptions),
+            (CounterMetricFamily, "vinoserve:evicted_blocks", "KV blocks evicted by the cache-eviction policy.",
+             stats.num_evicted_blocks),
+            (CounterMetricFamily, "vinoserve:rotated_blocks", "KV blocks re-rotated after eviction.",
+             stats.num_rotated_blocks),
+        ]:
+            metric = family(name, doc, labels=["model_name"])
+            metric.add_metric([self.model], value)
+            yield metric
+
+
+class Metrics:
+    def __init__(self, model: str) -> None:
+        self.registry = CollectorRegistry()
+        self.model = model
+        r, labels = self.registry, ["model_name"]
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.", labels, registry=r)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", labels, registry=r)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.", labels,
+                              buckets=_LATENCY, registry=r)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between output tokens.", labels,
+                             buckets=_LATENCY, registry=r)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Arrival to last token.", labels,
+                             buckets=_LATENCY, registry=r)
+        self.queue = Histogram("vllm:request_queue_time_seconds", "Arrival to first scheduled step.", labels,
+                               buckets=_LATENCY, registry=r)
+        for m in (self.prompt_tokens, self.generation_tokens):
+            m.labels(model).inc(0)  # export zeros before the first request
+
+    def watch(self, engine: AsyncLLMEngine) -> None:
+        self.registry.register(_EngineGauges(engine, self.model))
+
+    def token(self, gap_seconds: float | None) -> None:
+        self.generation_tokens.labels(self.model).inc()
+        if gap_seconds is not None:
+            self.itl.labels(self.model).observe(gap_seconds)
+
+    def finished(self, prompt_tokens: int, m: RequestMetrics) -> None:
+        self.prompt_tokens.labels(self.model).inc(prompt_tokens)
+        if m.first_token_time is not None:
+            self.ttft.labels(self.model).observe(m.first_token_time - m.arrival_time)
+        if m.first_scheduled_time is not None:
+            self.queue.labels(self.model).observe(m.first_scheduled_time - m.arrival_time)
+        if m.finished_time is not None:
+            self.e2e.labels(self.model).observe(m.finished_time - m.arrival_time)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
