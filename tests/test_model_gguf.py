@@ -61,10 +61,10 @@ def test_paged_logits_equal_hf(shape, tmp_path):
 
     # Prompt in two chunks over non-contiguous blocks, then decode token by token.
     table = [5, 2, 7]
-    got = [runner.step([ScheduledChunk(ids[:50], 0, table[:2], num_logits=50)])[0]]
-    got.append(runner.step([ScheduledChunk(ids[50:80], 50, table, num_logits=30)])[0])
+    got = [runner.step([ScheduledChunk(ids[:50], 0, [table[:2]], num_logits=50)]).logits[0]]
+    got.append(runner.step([ScheduledChunk(ids[50:80], 50, [table], num_logits=30)]).logits[0])
     for pos in range(80, 90):
-        got.append(runner.step([ScheduledChunk(ids[pos:pos + 1], pos, table)])[0])
+        got.append(runner.step([ScheduledChunk(ids[pos:pos + 1], pos, [table])]).logits[0])
     np.testing.assert_allclose(np.concatenate(got), ref, atol=1e-4, rtol=0)
 
 
@@ -74,9 +74,9 @@ def test_two_sequences_in_one_step_match_separate_runs(tmp_path):
     model = compile_paged(build_model(src.config, src.weight, "f16"), src.config, F32)
     runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=8))
     a, b = list(range(3, 43)), list(range(100, 170))
-    out = runner.step([ScheduledChunk(a, 0, [0, 1], num_logits=len(a)),
-                       ScheduledChunk(b, 0, [2, 3, 4], num_logits=0),
-                       ScheduledChunk(b[:1], 0, [6], num_logits=1)])
+    out = runner.step([ScheduledChunk(a, 0, [[0, 1]], num_logits=len(a)),
+                       ScheduledChunk(b, 0, [[2, 3, 4]], num_logits=0),
+                       ScheduledChunk(b[:1], 0, [[6]], num_logits=1)]).logits
     np.testing.assert_allclose(out[0], _hf_logits(hf, a), atol=1e-4, rtol=0)
     assert out[1].shape == (0, hf.config.vocab_size)
     np.testing.assert_allclose(out[2], _hf_logits(hf, b[:1]), atol=1e-4, rtol=0)
@@ -91,7 +91,7 @@ def test_int8_weights_are_compressed_and_close(tmp_path):
     model = compile_paged(graph, src.config, F32)
     runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=4))
     ids = list(range(10, 60))
-    got = runner.step([ScheduledChunk(ids, 0, [0, 1], num_logits=len(ids))])[0]
+    got = runner.step([ScheduledChunk(ids, 0, [[0, 1]], num_logits=len(ids))]).logits[0]
     ref = _hf_logits(hf, ids)
     # ~1% weight error per matrix (measured); a broken scale or zero point gives errors near 100%.
     rel = np.abs(got - ref).mean() / np.abs(ref).mean()

@@ -39,13 +39,13 @@ def test_allocator_never_double_allocates_or_leaks(ops):
 
 
 def _check_invariants(sched: Scheduler, blocks: BlockManager, live: list[Sequence]) -> None:
-    tables = [b for s in live for b in s.block_table]
+    tables = [b for s in live for b in s.block_tables[0]]
     assert len(tables) == len(set(tables)), "a block is in two tables"
     assert len(tables) + blocks.num_free_blocks == blocks.num_blocks, "blocks leaked"
     for s in live:
-        assert len(s.block_table) >= blocks.blocks_for(s.num_computed_tokens)
+        assert len(s.block_tables[0]) >= blocks.blocks_for(s.num_computed_tokens)
         if s.status in (SequenceStatus.WAITING, SequenceStatus.PREEMPTED):
-            assert s.block_table == [] and s.num_computed_tokens == 0
+            assert s.block_tables[0] == [] and s.num_computed_tokens == 0
 
 
 requests = st.lists(
@@ -82,7 +82,7 @@ def test_scheduler_invariants(reqs, num_blocks, max_seqs, budget, aborts):
         for s in out.scheduled:
             samples = s.samples
             s.seq.num_computed_tokens += s.num_tokens
-            assert len(s.seq.block_table) >= blocks.blocks_for(s.seq.num_computed_tokens)
+            assert len(s.seq.block_tables[0]) >= blocks.blocks_for(s.seq.num_computed_tokens)
             if samples:
                 s.seq.output_token_ids.append(7)
                 if len(s.seq.output_token_ids) >= s.seq.params.max_tokens:
@@ -111,5 +111,5 @@ def test_preemption_takes_the_newest_and_requeues_it_first():
         s.seq.output_token_ids.append(1)
     out = sched.schedule()  # old needs a third block: new gives its two back
     assert [s.seq for s in out.scheduled] == [old] and out.preempted == [new]
-    assert new.status is SequenceStatus.PREEMPTED and new.block_table == [] and sched.waiting[0] is new
+    assert new.status is SequenceStatus.PREEMPTED and new.block_tables == [[]] and sched.waiting[0] is new
     assert sched.num_preemptions == 1

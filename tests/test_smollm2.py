@@ -51,7 +51,7 @@ def test_greedy_answer_names_paris(smollm2):
 def test_logits_close_to_hf_transformers(smollm2, hf_model):
     ids = _chat_ids(smollm2, "Name three colours of the rainbow, then count to five.")
     runner = ModelRunner(smollm2.paged, KVCache(smollm2.paged.layout, smollm2.config.num_layers, 4))
-    got = runner.step([ScheduledChunk(ids, 0, [0, 1], num_logits=len(ids))])[0]
+    got = runner.step([ScheduledChunk(ids, 0, [[0, 1]], num_logits=len(ids))]).logits[0]
     with torch.no_grad():
         ref = hf_model(torch.tensor([ids])).logits[0].numpy()
     # Same dequantized weights, f32 arithmetic on both sides; measured max difference 1.3e-4 at a

@@ -1,37 +1,60 @@
-"""Block tables over the shared allocator: grow as a sequence grows, freed whole."""
+"""Block tables over the allocators: grow as a sequence grows, shrink by eviction, freed whole.
+
+Without eviction every layer uses the same logical-to-physical table, so one table and one
+allocator serve all layers. With eviction each layer drops different blocks, so there is a table
+and an allocator per layer; all layers still hold the same NUMBER of blocks at any time, so the
+free counts stay equal and capacity checks look at one of them.
+"""
 from __future__ import annotations
 
 from vinoserve.cache.block_allocator import BlockAllocator
 
+BlockTables = list[list[int]]  # one table per group (1, or one per layer)
+
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        self.allocator = BlockAllocator(num_blocks)
+    def __init__(self, num_blocks: int, block_size: int, num_groups: int = 1) -> None:
+        self.allocators = [BlockAllocator(num_blocks) for _ in range(num_groups)]
         self.block_size = block_size
 
     @property
+    def num_groups(self) -> int:
+        return len(self.allocators)
+
+    @property
     def num_free_blocks(self) -> int:
-        return self.allocator.num_free
+        return self.allocators[0].num_free
 
     @property
     def num_blocks(self) -> int:
-        return self.allocator.num_blocks
+        return self.allocators[0].num_blocks
+
+    def new_tables(self) -> BlockTables:
+        return [[] for _ in self.allocators]
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def blocks_needed(self, table: list[int], num_tokens: int) -> int:
-        """Blocks `table` must add to hold `num_tokens` tokens in all."""
-        return max(0, self.blocks_for(num_tokens) - len(table))
+    def blocks_needed(self, tables: BlockTables, num_tokens: int) -> int:
+        """Blocks each table must add to hold `num_tokens` tokens in all."""
+        return max(0, self.blocks_for(num_tokens) - len(tables[0]))
 
-    def can_grow(self, table: list[int], num_tokens: int, reserve: int = 0) -> bool:
-        return self.blocks_needed(table, num_tokens) + reserve <= self.allocator.num_free
+    def can_grow(self, tables: BlockTables, num_tokens: int, reserve: int = 0) -> bool:
+        return self.blocks_needed(tables, num_tokens) + reserve <= self.num_free_blocks
 
-    def grow(self, table: list[int], num_tokens: int) -> None:
-        for _ in range(self.blocks_needed(table, num_tokens)):
-            table.append(self.allocator.allocate())
+    def grow(self, tables: BlockTables, num_tokens: int) -> None:
+        for _ in range(self.blocks_needed(tables, num_tokens)):
+            for table, allocator in zip(tables, self.allocators):
+                table.append(allocator.allocate())
 
-    def free(self, table: list[int]) -> None:
-        for block in reversed(table):
-            self.allocator.free(block)
-        table.clear()
+    def drop(self, group: int, table: list[int], logical: list[int]) -> None:
+        """Evict the blocks at these logical indices of one group's table."""
+        gone = set(logical)
+        for i in sorted(gone, reverse=True):
+            self.allocators[group].free(table.pop(i))
+
+    def free(self, tables: BlockTables) -> None:
+        for table, allocator in zip(tables, self.allocators):
+            for block in reversed(table):
+                allocator.free(block)
+            table.clear()

@@ -148,7 +148,7 @@ class LLMEngine:
             return []
         now = time.monotonic()
         sampled = [s for s in plan.scheduled if s.samples]
-        logits = self.runner.step([self._chunk(s) for s in plan.scheduled])
+        logits = self.runner.step([self._chunk(s) for s in plan.scheduled]).logits
         for s in plan.scheduled:
             s.seq.num_computed_tokens += s.num_tokens
             metrics = self._requests[s.seq.request_id].metrics
@@ -163,7 +163,7 @@ class LLMEngine:
 
     def _chunk(self, s: ScheduledSequence) -> ScheduledChunk:
         start = s.seq.num_computed_tokens
-        return ScheduledChunk(s.seq.token_ids(start, start + s.num_tokens), start, s.seq.block_table,
+        return ScheduledChunk(s.seq.token_ids(start, start + s.num_tokens), start, s.seq.block_tables,
                               1 if s.samples else 0)
 
     def _append(self, req: _Request, token: int, logprob: float, top) -> RequestOutput:

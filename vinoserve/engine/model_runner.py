@@ -16,9 +16,26 @@ class ScheduledChunk:
     """New tokens of one sequence for this step, and where its KV lives."""
 
     token_ids: Sequence[int]
-    past_len: int  # tokens of this sequence already in the cache
-    block_table: Sequence[int]  # physical blocks covering past + new tokens
+    past_len: int  # tokens of this sequence in the cache (after any eviction)
+    block_tables: Sequence[Sequence[int]]  # physical blocks for past + new: one table, or one per layer
     num_logits: int = 1  # logits wanted for this many trailing tokens (0 mid-prompt)
+    first_position: int | None = None  # RoPE position of the first new token; default past_len
+    score_window: int = 0  # queries whose attention scores are summed (cache eviction)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    logits: list[np.ndarray]  # per chunk [num_logits, vocab] float32
+    scores: list[np.ndarray] | None  # per layer, flat over chunks of (past + new); None without eviction
+
+
+@dataclass(frozen=True)
+class KernelRotation:
+    """Per-layer inputs of the kernel's in-place key rotation for this step."""
+
+    table: np.ndarray  # [rows, head_size]
+    blocks: list[np.ndarray]  # per layer [R] int32
+    deltas: list[np.ndarray]  # per layer [R, 1] int32
 
 
 class ModelRunner:
@@ -30,44 +47,74 @@ class ModelRunner:
             self.request.set_tensor(f"key_cache.{layer}", k)
             self.request.set_tensor(f"value_cache.{layer}", v)
         self._num_layers = model.config.num_layers
+        self._has_scores = model.options.score_outputs
+        self._has_rotation = model.options.cache_rotation
         self.infer_seconds = 0.0  # inside OpenVINO; the rest of a step is our Python
 
-    def step(self, chunks: Sequence[ScheduledChunk]) -> list[np.ndarray]:
-        """Runs the chunks; returns per chunk its logits [num_logits, vocab] (float32)."""
+    def step(self, chunks: Sequence[ScheduledChunk], rotation: KernelRotation | None = None) -> StepResult:
         lens = np.array([len(c.token_ids) for c in chunks], dtype=np.int32)
         past = np.array([c.past_len for c in chunks], dtype=np.int32)
         begins = np.zeros(len(chunks) + 1, dtype=np.int32)
         np.cumsum(lens, out=begins[1:])
-        positions = np.concatenate([np.arange(p, p + n, dtype=np.int64) for p, n in zip(past, lens)])
-        tables = [np.asarray(c.block_table, dtype=np.int32) for c in chunks]
-        table_begins = np.zeros(len(chunks) + 1, dtype=np.int32)
-        np.cumsum([len(t) for t in tables], out=table_begins[1:])
-        blocks = np.concatenate(tables)
-        sampled = np.concatenate([
-            np.arange(begins[i + 1] - c.num_logits, begins[i + 1], dtype=np.int64)
-            for i, c in enumerate(chunks)
+        positions = np.concatenate([
+            np.arange(p, p + n, dtype=np.int64)
+            for p, n in zip((c.past_len if c.first_position is None else c.first_position for c in chunks), lens)
         ])
-
+        sampled = np.concatenate([
+            np.arange(begins[i + 1] - c.num_logits, begins[i + 1], dtype=np.int64) for i, c in enumerate(chunks)
+        ])
         inputs = {
             "input_ids": np.concatenate([np.asarray(c.token_ids, dtype=np.int64) for c in chunks]),
             "position_ids": positions,
             "past_lens": past,
             "subsequence_begins": begins,
-            "block_indices_begins": table_begins,
             "max_context_len": np.array(int((past + lens).max()), dtype=np.int32),
-            SAMPLED_INDICES: sampled,
+            # The graph needs at least one row to gather; with none wanted, compute one and drop it.
+            SAMPLED_INDICES: sampled if len(sampled) else np.zeros(1, dtype=np.int64),
         }
-        for layer in range(self._num_layers):
-            inputs[f"block_indices.{layer}"] = blocks
-        if len(sampled) == 0:
-            # The graph needs at least one row to gather; compute one and drop it.
-            inputs[SAMPLED_INDICES] = np.zeros(1, dtype=np.int64)
+        self._block_inputs(chunks, inputs)
+        if self._has_scores:
+            inputs["score_aggregation_window"] = np.array([c.score_window for c in chunks], dtype=np.int32)
+        if self._has_rotation:
+            self._rotation_inputs(rotation, inputs)
+
         start = time.perf_counter()
         self.request.infer(inputs, share_inputs=True)
         self.infer_seconds += time.perf_counter() - start
+
         logits = self.request.get_tensor("logits").data.reshape(-1, self.model.config.vocab_size)
         out, row = [], 0
         for c in chunks:
             out.append(np.array(logits[row:row + c.num_logits]))
             row += c.num_logits
-        return out
+        scores = None
+        if self._has_scores:
+            scores = [np.array(self.request.get_tensor(f"scores.{i}").data) for i in range(self._num_layers)]
+        return StepResult(out, scores)
+
+    def _block_inputs(self, chunks: Sequence[ScheduledChunk], inputs: dict) -> None:
+        counts = [len(c.block_tables[0]) for c in chunks]
+        begins = np.zeros(len(chunks) + 1, dtype=np.int32)
+        np.cumsum(counts, out=begins[1:])
+        inputs["block_indices_begins"] = begins
+        if all(len(c.block_tables) == 1 for c in chunks):
+            shared = np.concatenate([np.asarray(c.block_tables[0], dtype=np.int32) for c in chunks])
+            for layer in range(self._num_layers):
+                inputs[f"block_indices.{layer}"] = shared
+            return
+        for layer in range(self._num_layers):
+            inputs[f"block_indices.{layer}"] = np.concatenate([
+                np.asarray(c.block_tables[layer if len(c.block_tables) > 1 else 0], dtype=np.int32) for c in chunks
+            ])
+
+    def _rotation_inputs(self, rotation: KernelRotation | None, inputs: dict) -> None:
+        head_size = self.model.config.head_size
+        inputs["model_rotation_trig_lut"] = (rotation.table if rotation is not None
+                                             else np.zeros((1, head_size), dtype=np.float32))
+        for layer in range(self._num_layers):
+            if rotation is None:
+                blocks, deltas = np.zeros(0, np.int32), np.zeros((0, 1), np.int32)
+            else:
+                blocks, deltas = rotation.blocks[layer], rotation.deltas[layer]
+            inputs[f"rotated_block_indices.{layer}"] = blocks
+            inputs[f"rotation_deltas.{layer}"] = deltas

@@ -67,7 +67,7 @@ class Scheduler:
             n = min(seq.num_uncomputed_tokens, budget)
             if not self._make_room(seq, n, out):
                 break  # seq itself was the newest and got preempted
-            self.blocks.grow(seq.block_table, seq.num_computed_tokens + n)
+            self.blocks.grow(seq.block_tables, seq.num_cached_tokens + n)
             out.scheduled.append(ScheduledSequence.of(seq, n))
             budget -= n
             i += 1
@@ -75,19 +75,19 @@ class Scheduler:
             seq = self.waiting[0]
             n = min(seq.num_uncomputed_tokens, budget)
             reserve = self._watermark if self.running else 0
-            if not self.blocks.can_grow(seq.block_table, seq.num_computed_tokens + n, reserve):
+            if not self.blocks.can_grow(seq.block_tables, seq.num_cached_tokens + n, reserve):
                 break  # first come, first served: nobody overtakes the head of the queue
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            self.blocks.grow(seq.block_table, seq.num_computed_tokens + n)
+            self.blocks.grow(seq.block_tables, seq.num_cached_tokens + n)
             out.scheduled.append(ScheduledSequence.of(seq, n))
             budget -= n
         return out
 
     def _make_room(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:
         """Preempt the newest running sequences until `seq` can grow by n; False if seq went too."""
-        while not self.blocks.can_grow(seq.block_table, seq.num_computed_tokens + n):
+        while not self.blocks.can_grow(seq.block_tables, seq.num_cached_tokens + n):
             victim = self.running.pop()
             self._preempt(victim)
             out.preempted.append(victim)
@@ -97,8 +97,8 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         # Recompute: drop its KV; its tokens so far (prompt + output) are prefilled again later.
-        self.blocks.free(seq.block_table)
-        seq.num_computed_tokens = 0
+        self.blocks.free(seq.block_tables)
+        seq.num_computed_tokens = seq.num_evicted_tokens = 0
         seq.status = SequenceStatus.PREEMPTED
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -110,6 +110,6 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.blocks.free(seq.block_table)
+        self.blocks.free(seq.block_tables)
         seq.status = status
         seq.finish_reason = reason

@@ -28,14 +28,19 @@ class Sequence:
     arrival_time: float = field(default_factory=time.monotonic)
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
-    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
-    block_table: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens the model has processed
+    num_evicted_tokens: int = 0  # of those, dropped from the cache by the eviction policy
+    block_tables: list[list[int]] = field(default_factory=lambda: [[]])  # per group (1, or per layer)
     finish_reason: str | None = None  # "stop" | "length" | "abort", as the OpenAI API names them
     num_preemptions: int = 0
 
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return self.num_computed_tokens - self.num_evicted_tokens
 
     @property
     def num_uncomputed_tokens(self) -> int:
