@@ -28,10 +28,10 @@ MERGES = ["Ġ t", "h e"]
 EOS_ID = len(TOKENS) - 1
 
 
-def tiny_hf_model(arch: str = "llama", *, seed: int = 0, heads: int = 4, kv_heads: int = 2,
+def tiny_hf_model(arch: str = "llama", *, seed: int = 0, heads: int = 4, kv_heads: int = 2, layers: int = 2,
                   tie: bool = False, rope_scaling: dict | None = None, rope_theta: float = 10000.0):
     cfg = _CONFIGS[arch](
-        vocab_size=len(TOKENS), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        vocab_size=len(TOKENS), hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=64 // heads,
         max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=rope_theta,
         rope_scaling=rope_scaling, tie_word_embeddings=tie, eos_token_id=EOS_ID,

@@ -28,6 +28,7 @@ class AddRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     stream: _Stream
+    cache_eviction: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -76,20 +77,21 @@ class AsyncLLMEngine:
     def is_alive(self) -> bool:
         return self._thread.is_alive() and self.error is None
 
-    def prepare(self, prompt: str | list[int], params: SamplingParams) -> list[int]:
+    def prepare(self, prompt: str | list[int], params: SamplingParams, cache_eviction: dict | None = None) -> list[int]:
         """Tokenize and validate in the caller's thread, so bad input fails before it is queued."""
         params.validate()
         ids = self.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self.engine.check_request(ids, params)
+        self.engine.new_eviction(cache_eviction)
         return ids
 
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
-                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                       cache_eviction: dict | None = None) -> AsyncIterator[RequestOutput]:
         if not self.is_alive:
             raise RuntimeError("the engine is not running") from self.error
         request_id = request_id or f"req-{next(self._ids)}"
         stream = _Stream(asyncio.get_running_loop())
-        self._inbox.put(AddRequest(request_id, prompt_token_ids, params, stream))
+        self._inbox.put(AddRequest(request_id, prompt_token_ids, params, stream, cache_eviction))
         finished = False
         try:
             while not finished:
@@ -127,6 +129,8 @@ class AsyncLLMEngine:
             num_running=len(sched.running), num_waiting=len(sched.waiting),
             kv_cache_usage=1.0 - blocks.num_free_blocks / blocks.num_blocks,
             num_preemptions=sched.num_preemptions,
+            num_evicted_blocks=ev.num_evicted_blocks if (ev := self.engine.evictor) else 0,
+            num_rotated_blocks=ev.num_rotated_blocks if ev else 0,
         )
 
     def _drain_inbox(self, block: bool) -> bool:
@@ -147,7 +151,8 @@ class AsyncLLMEngine:
 
     def _add(self, msg: AddRequest) -> None:
         try:
-            self.engine.add_request(msg.request_id, msg.prompt_token_ids, msg.params)
+            self.engine.add_request(msg.request_id, msg.prompt_token_ids, msg.params,
+                                    cache_eviction=msg.cache_eviction)
         except ValueError as e:
             msg.stream.put(e)
             return

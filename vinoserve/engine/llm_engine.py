@@ -3,12 +3,16 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
+import openvino as ov
 
 from vinoserve.cache.block_manager import BlockManager
+from vinoserve.cache.eviction import CacheEvictionConfig
+from vinoserve.cache.rotation import kernel_supports_rotation
 from vinoserve.cache.kv_cache import KVCache, num_blocks_for_bytes
+from vinoserve.engine.evictor import Evictor, SequenceEviction
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.engine.outputs import RequestMetrics, RequestOutput
 from vinoserve.engine.text_output import TextOutput
@@ -22,6 +26,7 @@ from vinoserve.scheduler.sequence import Sequence, SequenceStatus
 
 # Without --kv-cache-size, the cache takes this share of the memory available at start.
 DEFAULT_KV_MEMORY_FRACTION = 0.25
+_OV_TYPES = {"f32": ov.Type.f32, "f16": ov.Type.f16}
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,17 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv_cache_size_gb: float | None = None
     num_kv_blocks: int | None = None  # exact block count, overrides kv_cache_size_gb
+    cache_eviction: CacheEvictionConfig | None = None  # None: the whole context stays cached
+    host_rotation: bool = False  # rotate evicted-then-moved keys on the host even where the kernel could
+
+    def compile_options(self) -> CompileOptions:
+        """Score outputs when evicting; the kernel's rotation inputs only where it is known to work
+        (asked-for f32 compute with an f32/f16 cache): elsewhere the host rotates."""
+        ev, c = self.cache_eviction, self.compile
+        in_kernel = (ev is not None and ev.rotation and not self.host_rotation and c.inference_precision is not None
+                     and c.kv_cache_precision in ("f32", "f16")
+                     and kernel_supports_rotation(c.inference_precision, _OV_TYPES[c.kv_cache_precision]))
+        return replace(c, score_outputs=ev is not None, cache_rotation=in_kernel)
 
 
 @dataclass
@@ -47,17 +63,25 @@ class _Request:
     text: TextOutput
     sampling: SamplingState
     metrics: RequestMetrics
+    eviction: SequenceEviction | None = None
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig = EngineConfig(), log=print) -> None:
         self.config = config
-        self.model: LoadedModel = load_model(config.model, config.compile, config.weight_format, log)
+        options = config.compile_options()
+        self.model: LoadedModel = load_model(config.model, options, config.weight_format, log)
         self.tokenizer = self.model.tokenizer
         paged, layers = self.model.paged, self.model.config.num_layers
         num_blocks = config.num_kv_blocks or self._blocks_from_budget()
         self.cache = KVCache(paged.layout, layers, num_blocks)
-        self.blocks = BlockManager(num_blocks, paged.block_size)
+        evicting = config.cache_eviction is not None
+        self.blocks = BlockManager(num_blocks, paged.block_size, layers if evicting else 1)
+        self.evictor = None
+        if evicting:
+            config.cache_eviction.validate(paged.block_size)
+            self.evictor = Evictor(config.cache_eviction, self.model.config, self.blocks, self.cache,
+                                   in_kernel=options.cache_rotation)
         self.scheduler = Scheduler(config.scheduler, self.blocks)
         self.runner = ModelRunner(paged, self.cache)
         self.sampler = Sampler()
@@ -86,21 +110,32 @@ class LLMEngine:
         return self.model.config.max_context
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> list[int]:
-        """Queue a request; returns its prompt token ids. ValueError if it can never run."""
+                    arrival_time: float | None = None, cache_eviction: dict | None = None) -> list[int]:
+        """Queue a request; returns its prompt token ids. ValueError if it can never run.
+        `cache_eviction` overrides the engine's eviction settings for this request."""
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         params.validate()
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self.check_request(ids, params)
-        seq = Sequence(request_id, ids, params)
+        eviction = self.new_eviction(cache_eviction)
+        seq = Sequence(request_id, ids, params, block_tables=self.blocks.new_tables())
         if arrival_time is not None:
             seq.arrival_time = arrival_time
         sampling = SamplingState(params, seq.prompt_token_ids, seq.output_token_ids, self.eos_token_ids)
         self._requests[request_id] = _Request(seq, TextOutput(self.tokenizer, params.stop), sampling,
-                                              RequestMetrics(seq.arrival_time))
+                                              RequestMetrics(seq.arrival_time), eviction)
         self.scheduler.add(seq)
         return ids
+
+    def new_eviction(self, overrides: dict | None) -> SequenceEviction | None:
+        """Validated per-request eviction state; ValueError for overrides this engine cannot honour."""
+        if self.evictor is None:
+            if overrides:
+                raise ValueError("cache_eviction: this server runs without cache eviction "
+                                 "(start it with --cache-eviction START,RECENT,MAX)")
+            return None
+        return self.evictor.new_sequence(overrides)
 
     def check_request(self, ids: list[int], params: SamplingParams) -> None:
         """ValueError naming the problem if this request could never run; reads only fixed config."""
@@ -144,27 +179,50 @@ class LLMEngine:
 
     def _step(self) -> list[RequestOutput]:
         plan = self.scheduler.schedule()
+        for seq in plan.preempted:
+            if (ev := self._requests[seq.request_id].eviction) is not None:
+                self.evictor.forget(ev)
         if not plan.scheduled:
             return []
         now = time.monotonic()
-        sampled = [s for s in plan.scheduled if s.samples]
-        logits = self.runner.step([self._chunk(s) for s in plan.scheduled]).logits
-        for s in plan.scheduled:
+        reqs = [self._requests[s.seq.request_id] for s in plan.scheduled]
+        chunks = [self._chunk(s, r) for s, r in zip(plan.scheduled, reqs)]
+        rotation = self.evictor.kernel_rotation([r.eviction for r in reqs if r.eviction]) if self.evictor else None
+        result = self.runner.step(chunks, rotation)
+        if result.scores is not None:
+            self._collect_scores(chunks, reqs, result.scores)
+        for s, r in zip(plan.scheduled, reqs):
             s.seq.num_computed_tokens += s.num_tokens
-            metrics = self._requests[s.seq.request_id].metrics
-            metrics.first_scheduled_time = metrics.first_scheduled_time or now
+            r.metrics.first_scheduled_time = r.metrics.first_scheduled_time or now
+        sampled = [(lg, r) for lg, s, r in zip(result.logits, plan.scheduled, reqs) if s.samples]
         if not sampled:
             return []
-        rows = np.concatenate([lg for lg, s in zip(logits, plan.scheduled) if s.samples])
-        reqs = [self._requests[s.seq.request_id] for s in sampled]
-        result = self.sampler.sample(rows, [r.sampling for r in reqs])
-        return [self._append(r, int(result.token_ids[i]), float(result.logprobs[i]), result.top_logprobs[i])
-                for i, r in enumerate(reqs)]
+        out = self.sampler.sample(np.concatenate([lg for lg, _ in sampled]), [r.sampling for _, r in sampled])
+        outputs = [self._append(r, int(out.token_ids[i]), float(out.logprobs[i]), out.top_logprobs[i])
+                   for i, (_, r) in enumerate(sampled)]
+        for _, r in sampled:
+            if r.eviction is not None and not r.seq.status.is_finished:
+                self.evictor.evict_if_full(r.seq, r.eviction)
+        return outputs
 
-    def _chunk(self, s: ScheduledSequence) -> ScheduledChunk:
-        start = s.seq.num_computed_tokens
-        return ScheduledChunk(s.seq.token_ids(start, start + s.num_tokens), start, s.seq.block_tables,
-                              1 if s.samples else 0)
+    def _chunk(self, s: ScheduledSequence, req: _Request) -> ScheduledChunk:
+        seq, ev = s.seq, req.eviction
+        start = seq.num_computed_tokens
+        # Without rotation, kept keys stay at their original positions, so new tokens do too;
+        # with it (or without eviction) positions are the compacted cache positions.
+        first_position = start if ev is not None and not ev.state.config.rotation else None
+        return ScheduledChunk(seq.token_ids(start, start + s.num_tokens), seq.num_cached_tokens, seq.block_tables,
+                              1 if s.samples else 0, first_position,
+                              Evictor.score_window(ev, s.samples, s.num_tokens))
+
+    @staticmethod
+    def _collect_scores(chunks: list[ScheduledChunk], reqs: list[_Request], scores: list[np.ndarray]) -> None:
+        offset = 0
+        for chunk, req in zip(chunks, reqs):
+            n = chunk.past_len + len(chunk.token_ids)
+            if chunk.score_window and req.eviction is not None:
+                req.eviction.state.add([layer[offset:offset + n] for layer in scores])
+            offset += n
 
     def _append(self, req: _Request, token: int, logprob: float, top) -> RequestOutput:
         seq, params = req.seq, req.seq.params
