@@ -170,3 +170,20 @@ def test_key_codecs_read_what_the_kernel_wrote(tiny, kv):
         out.append(np.concatenate([keys[0], keys[1][:, :8]], axis=1))
     err = np.abs(got[0] - ref[0]).max() / np.abs(ref[0]).max()
     assert err < {"f16": 1e-3, "u8": 1e-2, "u4": 0.1}[kv], err
+
+
+@pytest.mark.slow
+def test_fast_defaults_with_u8_cache_evict_and_rotate_to_completion(smollm2_gguf):
+    """bf16 compute + u8 cache + eviction + rotation: the combination that aborts the reference
+    pipeline. (On CPUs without bf16 the plugin computes in f32; the u8 cache and host rotation stay.)"""
+    cfg = EngineConfig(compile=CompileOptions(inference_precision="bf16", kv_cache_precision="u8"),
+                       num_kv_blocks=64, cache_eviction=CacheEvictionConfig(32, 64, 128))
+    llm = LLM(cfg, log=lambda m: None)
+    assert not llm.engine.runner.model.options.cache_rotation  # the host rotates
+    tok = llm.engine.tokenizer
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Tell me a long story."}]),
+                        add_special_tokens=False)
+    out = llm.generate([prompt] * 3, SamplingParams(max_tokens=300, temperature=0.8, seed=3, ignore_eos=True))
+    assert all(len(r.token_ids) == 300 for r in out)
+    assert llm.engine.evictor.num_evicted_blocks > 0 and llm.engine.evictor.num_rotated_blocks > 0
+    assert all(a.num_free == a.num_blocks for a in llm.engine.blocks.allocators)

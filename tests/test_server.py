@@ -198,3 +198,24 @@ def test_api_key_and_queue_limit(smollm2_gguf):
         assert set(codes) == {200, 503} and codes.count(200) >= 2
     finally:
         assert srv.terminate() == 0
+
+
+def test_cache_eviction_server_and_per_request_overrides(smollm2_gguf):
+    srv = ServerProcess("--kv-cache-size", "0.2", "--cache-eviction", "32,32,96",
+                        env={"VINOSERVE_EVICTION_AGGREGATION": "sum"}).wait_ready()
+    try:
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
+        r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=150, temperature=0,
+                                      extra_body={"ignore_eos": True})
+        assert r.usage.completion_tokens == 150
+        assert metric(srv, "vinoserve:evicted_blocks_total") > 0
+        assert metric(srv, "vinoserve:rotated_blocks_total") > 0
+        off = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=150, temperature=0,
+                                        extra_body={"ignore_eos": True, "cache_eviction": {"enabled": False}})
+        assert off.usage.completion_tokens == 150
+        bad = httpx.post(f"{srv.url}/v1/completions",
+                         json={"prompt": "x", "cache_eviction": {"max_cache_size": 100}})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "cache_eviction"
+        assert metric(srv, "vllm:kv_cache_usage_perc") == 0
+    finally:
+        assert srv.terminate() == 0

@@ -26,6 +26,12 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="inference threads (default: all cores)")
     p.add_argument("--kv-cache-size", type=float, default=None, metavar="GB",
                    help="KV cache memory (default: a quarter of the memory available at start)")
+    p.add_argument("--cache-eviction", default=None, metavar="START,RECENT,MAX",
+                   help="evict KV blocks by attention score: keep the first START and last RECENT tokens, "
+                        "cap each sequence's cache at MAX tokens (multiples of the block size, e.g. 32,128,672)")
+    p.add_argument("--eviction-aggregation", choices=("norm_sum", "sum"), default="norm_sum")
+    p.add_argument("--no-rotation", action="store_true",
+                   help="do not re-rotate the keys of blocks that move after an eviction")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,6 +74,26 @@ def _defaults_from_environment(p: argparse.ArgumentParser) -> None:
                 action.default = action.type(value) if action.type else value
 
 
+def _engine_config(args: argparse.Namespace):
+    from vinoserve.cache.eviction import CacheEvictionConfig
+    from vinoserve.engine.llm_engine import EngineConfig
+    from vinoserve.model.paged import CompileOptions
+    from vinoserve.scheduler.scheduler import SchedulerConfig
+
+    eviction = None
+    if args.cache_eviction:
+        eviction = CacheEvictionConfig.parse(args.cache_eviction, aggregation=args.eviction_aggregation,
+                                             rotation=not args.no_rotation)
+    scheduler = SchedulerConfig()
+    if args.command == "serve":
+        scheduler = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+    return EngineConfig(
+        model=args.model, weight_format=args.weight_format,
+        compile=CompileOptions(args.device, args.inference_precision, args.kv_cache_precision, args.threads),
+        scheduler=scheduler, kv_cache_size_gb=args.kv_cache_size, cache_eviction=eviction,
+    )
+
+
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -79,15 +105,12 @@ def _prepare(args: argparse.Namespace) -> None:
 
 
 def _generate(args: argparse.Namespace) -> None:
-    from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
-    from vinoserve.model.paged import CompileOptions
+    from vinoserve.engine.llm_engine import LLMEngine
     from vinoserve.scheduler.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
-    options = CompileOptions(args.device, args.inference_precision, args.kv_cache_precision, args.threads)
     start = time.perf_counter()
-    engine = LLMEngine(EngineConfig(args.model, args.weight_format, options, kv_cache_size_gb=args.kv_cache_size),
-                       log=_log)
+    engine = LLMEngine(_engine_config(args), log=_log)
     tok = engine.tokenizer
     _log(f"loaded {engine.model.path.name} on {args.device} in {time.perf_counter() - start:.1f} s "
          f"({engine.model.paged.inference_precision} inference)")
@@ -116,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             from vinoserve.server.cli import serve
 
-            serve(args)
+            serve(args, _engine_config(args))
         else:
             {"prepare": _prepare, "generate": _generate}[args.command](args)
     except (ModelLoadError, ValueError, FileNotFoundError) as e:

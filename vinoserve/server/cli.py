@@ -8,8 +8,6 @@ import signal
 import uvicorn
 
 from vinoserve.engine.llm_engine import EngineConfig
-from vinoserve.model.paged import CompileOptions
-from vinoserve.scheduler.scheduler import SchedulerConfig
 from vinoserve.server.app import ServerConfig, create_app
 
 
@@ -27,14 +25,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
-def serve(args: argparse.Namespace) -> None:
+def serve(args: argparse.Namespace, engine: EngineConfig) -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = EngineConfig(
-        model=args.model, weight_format=args.weight_format,
-        compile=CompileOptions(args.device, args.inference_precision, args.kv_cache_precision, args.threads),
-        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens),
-        kv_cache_size_gb=args.kv_cache_size,
-    )
     config = ServerConfig(engine, args.served_model_name, args.api_key, args.max_queue)
     # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal under the handler
     # that was there before it; a no-op one makes a graceful stop exit 0, as orchestrators expect.

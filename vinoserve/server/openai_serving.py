@@ -80,22 +80,23 @@ class OpenAIServing:
         except ValueError as e:
             raise bad_value(e) from e
 
-    def admit(self, prompts: list[list[int]], params: SamplingParams, prompt_param: str) -> None:
+    def admit(self, prompts: list[list[int]], params: SamplingParams, prompt_param: str,
+              cache_eviction: dict | None = None) -> None:
         if self.max_queue is not None and self._queued + len(prompts) > self.max_queue:
             raise APIError(503, f"the server is at capacity ({self.max_queue} requests waiting); retry later",
                            code="overloaded")
         for ids in prompts:
             try:
-                self.engine.prepare(ids, params)
+                self.engine.prepare(ids, params, cache_eviction)
             except ValueError as e:
-                raise bad_value(e, prompt_param) from e
+                raise bad_value(e, "cache_eviction" if str(e).startswith("cache_eviction") else prompt_param) from e
 
     # ---- engine streams
-    async def _stream(self, ids: list[int], params: SamplingParams) -> AsyncIterator[RequestOutput]:
+    async def _stream(self, ids: list[int], params: SamplingParams, eviction: dict | None) -> AsyncIterator[RequestOutput]:
         self._queued += 1
         waiting, last = True, None
         try:
-            async for out in self.engine.generate(ids, params):
+            async for out in self.engine.generate(ids, params, cache_eviction=eviction):
                 if waiting:
                     self._queued, waiting = self._queued - 1, False
                 t = time.monotonic()
@@ -109,17 +110,18 @@ class OpenAIServing:
             if waiting:
                 self._queued -= 1
 
-    async def _merged(self, prompts: list[list[int]], params: SamplingParams) -> AsyncIterator[tuple[int, RequestOutput]]:
+    async def _merged(self, prompts: list[list[int]], params: SamplingParams,
+                      eviction: dict | None) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Outputs of all prompts as they come, tagged with the prompt's index."""
         if len(prompts) == 1:
-            async for out in self._stream(prompts[0], params):
+            async for out in self._stream(prompts[0], params, eviction):
                 yield 0, out
             return
         queue: asyncio.Queue = asyncio.Queue()
 
         async def pump(i: int, ids: list[int]) -> None:
             try:
-                async for out in self._stream(ids, params):
+                async for out in self._stream(ids, params, eviction):
                     await queue.put((i, out))
             except Exception as e:  # noqa: BLE001 - surfaced to the consumer below
                 await queue.put((i, e))
@@ -142,13 +144,13 @@ class OpenAIServing:
         rid = new_id("chatcmpl" if chat else "cmpl")
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            events = self._sse(rid, prompts, params, chat, include_usage)
+            events = self._sse(rid, prompts, params, chat, include_usage, req.cache_eviction)
             return StreamingResponse(events, media_type="text/event-stream")
-        return await _unless_disconnected(raw, self._complete(rid, prompts, params, chat))
+        return await _unless_disconnected(raw, self._complete(rid, prompts, params, chat, req.cache_eviction))
 
-    async def _complete(self, rid: str, prompts, params, chat: bool) -> JSONResponse:
+    async def _complete(self, rid: str, prompts, params, chat: bool, eviction: dict | None) -> JSONResponse:
         choices = [_Choice(i, len(p)) for i, p in enumerate(prompts)]
-        async for i, out in self._merged(prompts, params):
+        async for i, out in self._merged(prompts, params, eviction):
             c = choices[i]
             c.text += out.new_text
             c.tokens = out.num_output_tokens
@@ -171,7 +173,8 @@ class OpenAIServing:
         return {"index": c.index, "text": c.text, "logprobs": _legacy_logprobs(c.logprobs),
                 "finish_reason": c.finish_reason}
 
-    async def _sse(self, rid: str, prompts, params, chat: bool, include_usage: bool) -> AsyncIterator[str]:
+    async def _sse(self, rid: str, prompts, params, chat: bool, include_usage: bool,
+                   eviction: dict | None) -> AsyncIterator[str]:
         created, obj = now(), "chat.completion.chunk" if chat else "text_completion"
 
         def event(choices: list[dict], usage: dict | None = None) -> str:
@@ -186,7 +189,7 @@ class OpenAIServing:
                               "finish_reason": None}])
         tokens = [0] * len(prompts)
         try:
-            async for i, out in self._merged(prompts, params):
+            async for i, out in self._merged(prompts, params, eviction):
                 tokens[i] = out.num_output_tokens
                 if not out.new_text and not out.finished and out.new_logprobs is None:
                     continue  # a token that completes no character yet

@@ -35,6 +35,9 @@ class _Sampling(_Request):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
+    # vinoserve's extension: override the server's --cache-eviction settings for this request,
+    # e.g. {"max_cache_size": 256} or {"enabled": false}
+    cache_eviction: dict | None = None
 
 
 class CompletionRequest(_Sampling):
