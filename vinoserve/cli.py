@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(srv)
     _compile_args(srv)
     add_serve_arguments(srv)
+    from vinoserve.bench.cli import add_bench_parser
+
+    add_bench_parser(sub)
     for p in (prepare, gen, srv):
         _defaults_from_environment(p)
     return parser
@@ -136,7 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     from vinoserve.model.errors import ModelLoadError
 
     try:
-        if args.command == "serve":
+        if args.command == "bench":
+            from vinoserve.bench.cli import main as bench
+
+            bench(args)
+        elif args.command == "serve":
             from vinoserve.server.cli import serve
 
             serve(args, _engine_config(args))

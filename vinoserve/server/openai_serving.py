@@ -191,8 +191,8 @@ class OpenAIServing:
         try:
             async for i, out in self._merged(prompts, params, eviction):
                 tokens[i] = out.num_output_tokens
-                if not out.new_text and not out.finished and out.new_logprobs is None:
-                    continue  # a token that completes no character yet
+                # One chunk per token, even one that completes no character yet: clients can
+                # time every token (ITL), and the text stays whole-character.
                 lp = self._token_logprobs(out) if out.new_logprobs is not None else None
                 if chat:
                     delta = {"content": out.new_text} if out.new_text or not out.finished else {}

@@ -4,8 +4,8 @@ Same converted model directory, same token-id prompts (real English text), same 
 greedy with ignore_eos, the device's default precisions. Prints generated tok/s of both and their
 ratio, vinoserve's mean step time and the Python share of it (time outside infer()).
 
-    python benchmarks/engine_vs_genai.py                          # SmolLM2, 64 x (256 in, 128 out)
-    python benchmarks/engine_vs_genai.py --model qwen2-0.5b-random --prompts 16 --input-len 128
+    vinoserve bench engine                          # SmolLM2, 64 x (256 in, 128 out)
+    vinoserve bench engine --model qwen2-0.5b-random --prompts 16 --input-len 128
 """
 from __future__ import annotations
 
@@ -130,8 +130,7 @@ def run_genai(model_dir: Path, prompts, out_len: int, blocks: int, budget: int) 
     return dict(seconds=elapsed, tok_s=len(prompts) * out_len / elapsed)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct",
                     help="built-in name, .gguf, IR dir, or 'qwen2-0.5b-random'")
     ap.add_argument("--weight-format", default="f16", choices=("f16", "int8", "f32"))
@@ -140,8 +139,9 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--max-num-batched-tokens", type=int, default=256)
     ap.add_argument("--only", choices=("vinoserve", "genai"), default=None)
-    args = ap.parse_args()
 
+
+def main(args: argparse.Namespace) -> None:
     model = args.model
     if model == "qwen2-0.5b-random":
         bench_dir = cache_root() / "bench"
@@ -171,6 +171,3 @@ def main() -> None:
     if ours and theirs:
         print(f"ratio vinoserve / genai: {ours['tok_s'] / theirs['tok_s']:.3f}")
 
-
-if __name__ == "__main__":
-    main()

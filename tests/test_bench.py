@@ -1,0 +1,116 @@
+"""The load-testing harness: against our own server, against a faulty one, and its arithmetic."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from gguf_fixtures import tiny_hf_model, write_gguf
+from server_process import ServerProcess, free_port
+from vinoserve.bench.metrics import Goodput, RequestRecord, percentiles, summarize
+from vinoserve.cli import main
+
+SUMMARY_KEYS = {"duration_s", "completed", "failed", "errors", "total_input_tokens", "total_output_tokens",
+                "request_throughput", "input_token_throughput", "output_token_throughput", "ttft_ms", "tpot_ms",
+                "itl_ms", "e2el_ms", "goodput", "request_rate", "max_concurrency"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    gguf = write_gguf(tiny_hf_model("llama"), tmp_path_factory.mktemp("bench") / "tiny.gguf")
+    srv = ServerProcess("--model", str(gguf), "--kv-cache-size", "0.05").wait_ready()
+    yield srv
+    assert srv.terminate() == 0
+
+
+def test_against_our_server(server, tmp_path):
+    out = tmp_path / "result.json"
+    assert main(["bench", "serve", "--base-url", server.url, "--model", "tiny", "--num-prompts", "8",
+                 "--input-len", "20", "--output-len", "12", "--max-concurrency", "4",
+                 "--goodput", "ttft:60000,tpot:60000", "--save-result", str(out)]) == 0
+    result = json.loads(out.read_text())
+    run = result["runs"][0]
+    s = run["summary"]
+    assert set(s) == SUMMARY_KEYS and s["completed"] == 8 and s["failed"] == 0
+    assert s["total_output_tokens"] == 8 * 12 and s["goodput"] > 0
+    for r in run["requests"]:
+        assert r["output_tokens"] == 12 and r["prompt_tokens"] > 0
+        ttft, e2e = r["chunk_times"][0] - r["start"], r["end"] - r["start"]
+        assert 0 < ttft <= e2e
+        assert len(r["chunk_times"]) - 1 == r["output_tokens"] - 1  # one ITL per token after the first
+
+
+def test_sweep_over_concurrency(server, capsys):
+    assert main(["bench", "serve", "--base-url", server.url, "--model", "tiny", "--num-prompts", "6",
+                 "--input-len", "10", "--output-len", "4", "--sweep", "1,3"]) == 0
+    printed = capsys.readouterr().out
+    assert "concurrency 1" in printed and "concurrency 3" in printed
+
+
+def _faulty_app() -> Starlette:
+    count = {"n": 0}
+
+    async def completions(request):
+        body = await request.json()
+        count["n"] += 1
+        n = count["n"]
+        if n % 3 == 0:
+            return JSONResponse({"error": {"message": "boom", "type": "server_error"}}, status_code=500)
+
+        async def events():
+            for _ in range(3):
+                yield 'data: {"choices": [{"index": 0, "text": "x"}]}\n\n'
+                if n % 3 == 1:
+                    raise RuntimeError("connection dropped mid-stream")
+            usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+            yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        assert body["stream"] is True
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
+
+
+def test_errors_and_dropped_connections_are_counted(tmp_path):
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(_faulty_app(), host="127.0.0.1", port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    try:
+        out = tmp_path / "faulty.json"
+        assert main(["bench", "serve", "--base-url", f"http://127.0.0.1:{port}", "--model", "m",
+                     "--num-prompts", "9", "--input-len", "5", "--output-len", "3", "--max-concurrency", "1",
+                     "--save-result", str(out)]) == 0
+        s = json.loads(out.read_text())["runs"][0]["summary"]
+        assert (s["completed"], s["failed"]) == (3, 6)
+        assert any("HTTP 500" in e for e in s["errors"]) and len(s["errors"]) >= 2
+    finally:
+        server.should_exit = True
+        thread.join(5)
+
+
+def test_metric_arithmetic_on_hand_made_timestamps():
+    a = RequestRecord(start=0.0, chunk_times=[0.5, 0.6, 0.8], end=0.8, prompt_tokens=10, output_tokens=3)
+    b = RequestRecord(start=1.0, chunk_times=[1.2, 1.3], end=1.3, prompt_tokens=20, output_tokens=2)
+    failed = RequestRecord(start=2.0, error="HTTP 500")
+    s = summarize([a, b, failed], duration=2.0, goodput=Goodput.parse("ttft:300"))
+    assert (s["completed"], s["failed"]) == (2, 1)
+    assert s["ttft_ms"]["mean"] == pytest.approx(350) and s["ttft_ms"]["median"] == pytest.approx(350)
+    assert s["tpot_ms"]["mean"] == pytest.approx((150 + 100) / 2)  # (0.8-0.5)/2 and (1.3-1.2)/1
+    assert sorted(a.itls + b.itls) == pytest.approx([0.1, 0.1, 0.2])
+    assert s["e2el_ms"]["p99"] == pytest.approx(800 - 0.01 * 500)
+    assert s["output_token_throughput"] == pytest.approx(2.5) and s["request_throughput"] == pytest.approx(1.0)
+    assert s["goodput"] == pytest.approx(0.5)  # only b meets TTFT <= 300 ms
+    p = percentiles([0.001 * i for i in range(1, 101)])
+    assert p["median"] == pytest.approx(50.5) and p["p90"] == pytest.approx(90.1)
+    with pytest.raises(ValueError, match="ttft, tpot or e2el"):
+        Goodput.parse("latency:5")
