@@ -69,7 +69,8 @@ class HostRotator:
         codec.write(rotation.blocks, rotate(keys, table.table, rotation.deltas), rotation.valid_tokens)
 
 
-def kernel_supports_rotation(inference_precision: str, key_type: ov.Type) -> bool:
+def kernel_supports_rotation(inference_precision: str | None, key_precision: str | None) -> bool:
     """Measured on the 2026.4 CPU plugin: in-kernel rotation is exact at f32/f32, ~2.5e-4 at
-    f32/f16; refused or heap-corrupting everywhere else."""
-    return inference_precision == "f32" and key_type in (ov.Type.f32, ov.Type.f16)
+    f32/f16; refused or heap-corrupting everywhere else (bf16 compute, bf16/u8/u4 caches).
+    Both must be known before compiling, so unset (device default) precisions count as unsafe."""
+    return inference_precision == "f32" and key_precision in ("f32", "f16")

@@ -6,7 +6,6 @@ import time
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-import openvino as ov
 
 from vinoserve.cache.block_manager import BlockManager
 from vinoserve.cache.eviction import CacheEvictionConfig
@@ -26,7 +25,6 @@ from vinoserve.scheduler.sequence import Sequence, SequenceStatus
 
 # Without --kv-cache-size, the cache takes this share of the memory available at start.
 DEFAULT_KV_MEMORY_FRACTION = 0.25
-_OV_TYPES = {"f32": ov.Type.f32, "f16": ov.Type.f16}
 
 
 @dataclass(frozen=True)
@@ -44,9 +42,8 @@ class EngineConfig:
         """Score outputs when evicting; the kernel's rotation inputs only where it is known to work
         (asked-for f32 compute with an f32/f16 cache): elsewhere the host rotates."""
         ev, c = self.cache_eviction, self.compile
-        in_kernel = (ev is not None and ev.rotation and not self.host_rotation and c.inference_precision is not None
-                     and c.kv_cache_precision in ("f32", "f16")
-                     and kernel_supports_rotation(c.inference_precision, _OV_TYPES[c.kv_cache_precision]))
+        in_kernel = (ev is not None and ev.rotation and not self.host_rotation
+                     and kernel_supports_rotation(c.inference_precision, c.kv_cache_precision))
         return replace(c, score_outputs=ev is not None, cache_rotation=in_kernel)
 
 
