@@ -122,7 +122,7 @@ def run_genai(model_dir: Path, prompts, out_len: int, blocks: int, budget: int) 
     tensors = [ov.Tensor(np.array([p], dtype=np.int64)) for p in prompts]
     warm = genai.GenerationConfig()
     warm.max_new_tokens, warm.ignore_eos, warm.do_sample = 4, True, False
-    pipe.generate(tensors[:2], [warm] * 2)
+    pipe.generate(tensors[:2], [warm] * len(tensors[:2]))
     start = time.perf_counter()
     results = pipe.generate(tensors, [cfg] * len(tensors))
     elapsed = time.perf_counter() - start
