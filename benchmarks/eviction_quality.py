@@ -12,7 +12,6 @@ and the peak KV blocks a sequence held per layer while decoding.
 from __future__ import annotations
 
 import argparse
-import inspect
 import itertools
 import math
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vinoserve.bench.workloads import stdlib_english
 from vinoserve.cache.eviction import CacheEvictionConfig
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.model.paged import CompileOptions
@@ -32,18 +32,9 @@ PRECISIONS = {"f32": CompileOptions(inference_precision="f32", kv_cache_precisio
 
 
 def english_text() -> str:
-    """Real English prose and technical text available offline: the GPL's preamble and terms
-    (Debian's common-licenses) and the standard library's documentation strings."""
-    import argparse as ap, asyncio, collections, email, json, logging, subprocess, threading, unittest  # noqa
-    parts = []
+    """The GPL's text (Debian's common-licenses) and the standard library's documentation."""
     gpl = Path("/usr/share/common-licenses/GPL-3")
-    if gpl.is_file():
-        parts.append(gpl.read_text())
-    for mod in (ap, asyncio, collections, email, json, logging, subprocess, threading, unittest, inspect):
-        parts.append(inspect.getdoc(mod) or "")
-        parts += [inspect.getdoc(obj) or "" for _, obj in inspect.getmembers(mod)
-                  if inspect.isclass(obj) or inspect.isfunction(obj)]
-    return "\n\n".join(p for p in parts if len(p) > 200)
+    return (gpl.read_text() + "\n\n" if gpl.is_file() else "") + stdlib_english()
 
 
 class TeacherForcing:

@@ -71,7 +71,9 @@ async def run(target: Target, requests: list[BenchRequest], rate: float = float(
               seed: int = 0) -> tuple[list[RequestRecord], float]:
     limit = asyncio.Semaphore(max_concurrency or len(requests) or 1)
     gaps = arrival_gaps(len(requests), rate, burstiness, seed)
-    limits = httpx.Limits(max_connections=max_concurrency or max(len(requests), 1))
+    # A fresh connection per request: servers that close idle keep-alive connections (llama.cpp's
+    # does) would otherwise fail requests sent on a connection they just dropped.
+    limits = httpx.Limits(max_connections=max_concurrency or max(len(requests), 1), max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=target.timeout, limits=limits) as client:
         t0 = time.perf_counter()
 

@@ -10,7 +10,6 @@ ratio, vinoserve's mean step time and the Python share of it (time outside infer
 from __future__ import annotations
 
 import argparse
-import inspect
 import math
 import os
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vinoserve.bench.workloads import stdlib_english
 from vinoserve.engine.llm import LLM
 from vinoserve.engine.llm_engine import EngineConfig
 from vinoserve.model.loader import resolve_model_dir
@@ -30,13 +30,8 @@ QWEN2_05B = dict(layers=24, hidden=896, heads=14, kv_heads=2, ffn=4864, vocab=15
 
 
 def real_text_prompts(tokenizer: Tokenizer, count: int, length: int) -> list[list[int]]:
-    """Distinct prompts of exactly `length` tokens cut from the standard library's docstrings."""
-    import email, json, logging, argparse as ap, collections, asyncio, subprocess, threading  # noqa: E401
-
-    text = " ".join(inspect.getdoc(obj) or "" for mod in (email, json, logging, ap, collections, asyncio,
-                                                          subprocess, threading, inspect)
-                    for _, obj in inspect.getmembers(mod) if inspect.isclass(obj) or inspect.isfunction(obj))
-    ids = tokenizer.encode(text, add_special_tokens=False)
+    """Distinct prompts of exactly `length` tokens cut from real English text."""
+    ids = tokenizer.encode(stdlib_english(), add_special_tokens=False)
     stride = max(1, (len(ids) - length) // count)
     if len(ids) < length + count:
         raise SystemExit(f"only {len(ids)} tokens of text; need {length + count}")

@@ -17,14 +17,19 @@ class BenchRequest:
     output_len: int
 
 
-def _english_words() -> list[str]:
-    """A vocabulary of real English words available offline: the standard library's docs."""
-    import argparse, asyncio, collections, email, json as js, logging, subprocess, threading  # noqa: E401
+def stdlib_english() -> str:
+    """Real English text available offline (no data set can be downloaded here): the standard
+    library's documentation strings, paragraphs of 200+ characters."""
+    import argparse, asyncio, collections, email, json as js, logging, subprocess, threading, unittest  # noqa
 
-    text = " ".join(inspect.getdoc(obj) or "" for mod in (argparse, asyncio, collections, email, js, logging,
-                                                          subprocess, threading)
-                    for _, obj in inspect.getmembers(mod) if inspect.isclass(obj) or inspect.isfunction(obj))
-    return re.findall(r"[A-Za-z]+[.,]?", text)
+    docs = [inspect.getdoc(obj) or "" for mod in (argparse, asyncio, collections, email, js, logging, subprocess,
+                                                  threading, unittest, inspect)
+            for obj in (mod, *(o for _, o in inspect.getmembers(mod) if inspect.isclass(o) or inspect.isfunction(o)))]
+    return "\n\n".join(d for d in docs if len(d) > 200)
+
+
+def _english_words() -> list[str]:
+    return re.findall(r"[A-Za-z]+[.,]?", stdlib_english())
 
 
 def _lengths(rng: np.random.Generator, n: int, mean: int, range_ratio: float) -> np.ndarray:
