@@ -15,7 +15,7 @@ from vinoserve.engine.outputs import RequestOutput
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.server.errors import APIError, bad_value
 from vinoserve.server.metrics import Metrics
-from vinoserve.server.protocol import ChatCompletionRequest, CompletionRequest, new_id, now
+from vinoserve.server.protocol import ChatCompletionRequest, new_id, now
 
 
 @dataclass
