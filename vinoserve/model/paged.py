@@ -13,6 +13,7 @@ import openvino.opset13 as ops
 from openvino._offline_transformations import paged_attention_transformation
 
 from vinoserve.model.config import ModelConfig
+from vinoserve.model.errors import ModelLoadError
 
 SAMPLED_INDICES = "sampled_token_indices"
 PRECISIONS = ("f32", "f16", "bf16")
@@ -102,7 +103,12 @@ def to_paged(model: ov.Model, options: CompileOptions) -> ov.Model:
 def compile_paged(model: ov.Model, config: ModelConfig, options: CompileOptions,
                   core: ov.Core | None = None) -> PagedModel:
     core = core or ov.Core()
-    compiled = core.compile_model(to_paged(model, options), options.device, options.properties())
+    try:
+        compiled = core.compile_model(to_paged(model, options), options.device, options.properties())
+    except RuntimeError as e:
+        # e.g. a bf16 KV cache with f32 compute on a CPU without bf16: the plugin refuses it.
+        reason = next((line for line in reversed(str(e).splitlines()) if line.strip()), str(e))
+        raise ModelLoadError(f"{options.device} cannot run this model with {options.properties()}: {reason}") from e
     return PagedModel(config, compiled, options, _cache_layout(compiled))
 
 
