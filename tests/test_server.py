@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 
 import httpx
 import openai
@@ -158,6 +159,17 @@ def test_disconnect_storm_frees_everything(server):
     assert metric(server, "vllm:num_requests_running") == 0
     assert metric(server, "vllm:kv_cache_usage_perc") == 0
     assert metric(server, "vllm:generation_tokens_total") > 0
+
+
+def test_non_streaming_client_that_leaves_is_aborted(server):
+    body = {"prompt": "Go on:", "max_tokens": 2000, "ignore_eos": True}  # about a minute of work
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/completions", json=body, timeout=1.5)
+    deadline = time.monotonic() + 10
+    while metric(server, "vllm:num_requests_running") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert metric(server, "vllm:num_requests_running") == 0
+    assert metric(server, "vllm:kv_cache_usage_perc") == 0
 
 
 def test_sigterm_lets_the_stream_finish_and_exits_zero(smollm2_gguf):

@@ -71,6 +71,8 @@ class AsyncLLMEngine:
         self._thread = threading.Thread(target=self._run, name="vinoserve-engine", daemon=True)
         self.error: BaseException | None = None
         self.stats = EngineSnapshot()
+        self._lock = threading.Lock()
+        self._unapplied = 0  # AddRequests not yet taken from the inbox
         self._thread.start()
 
     @property
@@ -85,13 +87,30 @@ class AsyncLLMEngine:
         self.engine.new_eviction(cache_eviction)
         return ids
 
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                       cache_eviction: dict | None = None) -> AsyncIterator[RequestOutput]:
+    @property
+    def num_waiting(self) -> int:
+        """Requests sent but not yet running: still in the inbox, or in the scheduler's queue."""
+        return self._unapplied + self.stats.num_waiting
+
+    def submit(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
+               cache_eviction: dict | None = None) -> AsyncIterator[RequestOutput]:
+        """Queue a request now (call on the event loop) and return its stream of outputs.
+        Submitting is synchronous so that admission control can count it at once."""
         if not self.is_alive:
             raise RuntimeError("the engine is not running") from self.error
         request_id = request_id or f"req-{next(self._ids)}"
         stream = _Stream(asyncio.get_running_loop())
+        with self._lock:
+            self._unapplied += 1
         self._inbox.put(AddRequest(request_id, prompt_token_ids, params, stream, cache_eviction))
+        return self._outputs(request_id, stream)
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                       cache_eviction: dict | None = None) -> AsyncIterator[RequestOutput]:
+        async for out in self.submit(prompt_token_ids, params, request_id, cache_eviction):
+            yield out
+
+    async def _outputs(self, request_id: str, stream: _Stream) -> AsyncIterator[RequestOutput]:
         finished = False
         try:
             while not finished:
@@ -150,6 +169,8 @@ class AsyncLLMEngine:
             self._publish()
 
     def _add(self, msg: AddRequest) -> None:
+        with self._lock:
+            self._unapplied -= 1
         try:
             self.engine.add_request(msg.request_id, msg.prompt_token_ids, msg.params,
                                     cache_eviction=msg.cache_eviction)

@@ -34,7 +34,6 @@ class OpenAIServing:
     def __init__(self, engine: AsyncLLMEngine, model_name: str, metrics: Metrics, max_queue: int | None) -> None:
         self.engine, self.model_name, self.metrics, self.max_queue = engine, model_name, metrics, max_queue
         self.tokenizer = engine.engine.tokenizer
-        self._queued = 0  # accepted but not yet producing: the server's view of the wait queue
 
     # ---- request -> prompts and params
     def check_model(self, model: str | None) -> None:
@@ -81,54 +80,49 @@ class OpenAIServing:
             raise bad_value(e) from e
 
     def admit(self, prompts: list[list[int]], params: SamplingParams, prompt_param: str,
-              cache_eviction: dict | None = None) -> None:
-        if self.max_queue is not None and self._queued + len(prompts) > self.max_queue:
-            raise APIError(503, f"the server is at capacity ({self.max_queue} requests waiting); retry later",
-                           code="overloaded")
+              cache_eviction: dict | None = None) -> list[AsyncIterator[RequestOutput]]:
+        """Validate, apply --max-queue, and submit: all before the handler next awaits, so
+        concurrent requests cannot all slip under the limit."""
         for ids in prompts:
             try:
                 self.engine.prepare(ids, params, cache_eviction)
             except ValueError as e:
                 raise bad_value(e, "cache_eviction" if str(e).startswith("cache_eviction") else prompt_param) from e
+        if self.max_queue is not None and self.engine.num_waiting + len(prompts) > self.max_queue:
+            raise APIError(503, f"the server is at capacity ({self.max_queue} requests waiting); retry later",
+                           code="overloaded")
+        return [self._stream(ids, self.engine.submit(ids, params, cache_eviction=cache_eviction))
+                for ids in prompts]
 
     # ---- engine streams
-    async def _stream(self, ids: list[int], params: SamplingParams, eviction: dict | None) -> AsyncIterator[RequestOutput]:
-        self._queued += 1
-        waiting, last = True, None
-        try:
-            async for out in self.engine.generate(ids, params, cache_eviction=eviction):
-                if waiting:
-                    self._queued, waiting = self._queued - 1, False
-                t = time.monotonic()
-                for _ in out.new_token_ids:
-                    self.metrics.token(None if last is None else t - last)
-                    last = t
-                if out.finished and out.metrics:
-                    self.metrics.finished(len(ids), out.metrics)
-                yield out
-        finally:
-            if waiting:
-                self._queued -= 1
+    async def _stream(self, ids: list[int], outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+        """The engine's outputs for one prompt, with per-token and per-request metrics."""
+        last = None
+        async for out in outputs:
+            t = time.monotonic()
+            for _ in out.new_token_ids:
+                self.metrics.token(None if last is None else t - last)
+                last = t
+            if out.finished and out.metrics:
+                self.metrics.finished(len(ids), out.metrics)
+            yield out
 
-    async def _merged(self, prompts: list[list[int]], params: SamplingParams,
-                      eviction: dict | None) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """Outputs of all prompts as they come, tagged with the prompt's index."""
-        if len(prompts) == 1:
-            async for out in self._stream(prompts[0], params, eviction):
-                yield 0, out
-            return
+    @staticmethod
+    async def _merged(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Outputs of all prompts as they come, tagged with the prompt's index. Closing it (a
+        client gone, a cancelled task) closes every stream, which aborts unfinished requests."""
         queue: asyncio.Queue = asyncio.Queue()
 
-        async def pump(i: int, ids: list[int]) -> None:
+        async def pump(i: int, stream: AsyncIterator[RequestOutput]) -> None:
             try:
-                async for out in self._stream(ids, params, eviction):
+                async for out in stream:
                     await queue.put((i, out))
             except Exception as e:  # noqa: BLE001 - surfaced to the consumer below
                 await queue.put((i, e))
 
-        tasks = [asyncio.create_task(pump(i, p)) for i, p in enumerate(prompts)]
+        tasks = [asyncio.create_task(pump(i, st)) for i, st in enumerate(streams)]
         try:
-            left = len(prompts)
+            left = len(streams)
             while left:
                 i, item = await queue.get()
                 if isinstance(item, Exception):
@@ -138,19 +132,21 @@ class OpenAIServing:
         finally:
             for t in tasks:
                 t.cancel()
+            for stream in streams:
+                await stream.aclose()
 
     # ---- responses
-    async def respond(self, raw: Request, req, prompts: list[list[int]], params: SamplingParams, chat: bool):
+    async def respond(self, raw: Request, req, prompts: list[list[int]], streams, chat: bool):
         rid = new_id("chatcmpl" if chat else "cmpl")
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            events = self._sse(rid, prompts, params, chat, include_usage, req.cache_eviction)
+            events = self._sse(rid, prompts, streams, chat, include_usage)
             return StreamingResponse(events, media_type="text/event-stream")
-        return await _unless_disconnected(raw, self._complete(rid, prompts, params, chat, req.cache_eviction))
+        return await _unless_disconnected(raw, self._complete(rid, prompts, streams, chat))
 
-    async def _complete(self, rid: str, prompts, params, chat: bool, eviction: dict | None) -> JSONResponse:
+    async def _complete(self, rid: str, prompts, streams, chat: bool) -> JSONResponse:
         choices = [_Choice(i, len(p)) for i, p in enumerate(prompts)]
-        async for i, out in self._merged(prompts, params, eviction):
+        async for i, out in self._merged(streams):
             c = choices[i]
             c.text += out.new_text
             c.tokens = out.num_output_tokens
@@ -173,8 +169,7 @@ class OpenAIServing:
         return {"index": c.index, "text": c.text, "logprobs": _legacy_logprobs(c.logprobs),
                 "finish_reason": c.finish_reason}
 
-    async def _sse(self, rid: str, prompts, params, chat: bool, include_usage: bool,
-                   eviction: dict | None) -> AsyncIterator[str]:
+    async def _sse(self, rid: str, prompts, streams, chat: bool, include_usage: bool) -> AsyncIterator[str]:
         created, obj = now(), "chat.completion.chunk" if chat else "text_completion"
 
         def event(choices: list[dict], usage: dict | None = None) -> str:
@@ -189,7 +184,7 @@ class OpenAIServing:
                               "finish_reason": None}])
         tokens = [0] * len(prompts)
         try:
-            async for i, out in self._merged(prompts, params, eviction):
+            async for i, out in self._merged(streams):
                 tokens[i] = out.num_output_tokens
                 # One chunk per token, even one that completes no character yet: clients can
                 # time every token (ITL), and the text stays whole-character.
