@@ -37,6 +37,14 @@ def english_text() -> str:
     return (gpl.read_text() + "\n\n" if gpl.is_file() else "") + stdlib_english()
 
 
+def text_windows(count: int, length: int) -> tuple[list[list[int]], int]:
+    """`count` evenly spread windows of `length` tokens of the text, and how many tokens it has."""
+    tok = LLMEngine(EngineConfig(num_kv_blocks=1), log=lambda m: None).tokenizer
+    ids = tok.encode(english_text(), add_special_tokens=False)
+    stride = (len(ids) - length) // max(1, count - 1)
+    return [ids[i * stride:i * stride + length] for i in range(count)], len(ids)
+
+
 class TeacherForcing:
     """Stands in for the sampler: emits the true next token and records the log-probability
     the model gave it."""
@@ -97,13 +105,10 @@ def main() -> None:
     ap.add_argument("--precisions", default="f32,fast")
     args = ap.parse_args()
 
-    tok = LLMEngine(EngineConfig(num_kv_blocks=1), log=lambda m: None).tokenizer
-    ids = tok.encode(english_text(), add_special_tokens=False)
-    stride = (len(ids) - args.window_len) // max(1, args.windows - 1)
-    windows = [ids[i * stride:i * stride + args.window_len] for i in range(args.windows)]
+    windows, available = text_windows(args.windows, args.window_len)
     prefill = args.window_len - args.forced
     print(f"SmolLM2-135M-Instruct, {args.windows} windows x {args.window_len} tokens of English text "
-          f"({len(ids)} available), prefill {prefill}, {args.forced} teacher-forced decode steps, "
+          f"({available} available), prefill {prefill}, {args.forced} teacher-forced decode steps, "
           f"start {args.start} recent {args.recent}\n")
     print("| precision | budget | aggregation | rotation | perplexity | ratio to full | peak blocks/layer in decode |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
