@@ -20,20 +20,15 @@ F32 = CompileOptions(inference_precision="f32", kv_cache_precision="f32")
 
 
 @pytest.fixture(scope="module")
-def gguf_path(smollm2_gguf):
-    return smollm2_gguf
-
-
-@pytest.fixture(scope="module")
-def smollm2(gguf_path):
+def smollm2(smollm2_gguf):
     return load_model(DEFAULT_MODEL.name, F32, "f32", log=lambda m: None)
 
 
 @pytest.fixture(scope="module")
-def hf_model(gguf_path):
+def hf_model(smollm2_gguf):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name, dtype=torch.float32).eval()
 
 
 def _chat_ids(model, question: str) -> list[int]:
@@ -60,6 +55,6 @@ def test_logits_close_to_hf_transformers(smollm2, hf_model):
     assert (got.argmax(-1) == ref.argmax(-1)).all()
 
 
-def test_cli_generate_streams_the_answer(gguf_path, capfd):
+def test_cli_generate_streams_the_answer(smollm2_gguf, capfd):
     assert main(["generate", "--max-tokens", "24", "What is the capital of France?"]) == 0
     assert "Paris" in capfd.readouterr().out

@@ -54,19 +54,14 @@ SMOL_POOL = (
 
 
 @pytest.fixture(scope="module")
-def smol_gguf(smollm2_gguf: Path) -> Path:
-    return smollm2_gguf
+def smol(smollm2_gguf: Path) -> Tokenizer:
+    return Tokenizer.from_gguf(smollm2_gguf)
 
 
 @pytest.fixture(scope="module")
-def smol(smol_gguf: Path) -> Tokenizer:
-    return Tokenizer.from_gguf(smol_gguf)
-
-
-@pytest.fixture(scope="module")
-def smol_hf_gguf(smol_gguf: Path):
+def smol_hf_gguf(smollm2_gguf: Path):
     """transformers' own conversion of the GGUF tokenizer, unmodified."""
-    return transformers.AutoTokenizer.from_pretrained(smol_gguf.parent, gguf_file=smol_gguf.name)
+    return transformers.AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +82,8 @@ def smol_reference(smol_hf_gguf):
     return backend
 
 
-def test_smollm2_metadata(smol_gguf: Path) -> None:
-    meta = read_tokenizer_metadata(gguf.GGUFReader(smol_gguf))
+def test_smollm2_metadata(smollm2_gguf: Path) -> None:
+    meta = read_tokenizer_metadata(gguf.GGUFReader(smollm2_gguf))
     assert (meta.model, meta.pre) == ("gpt2", "smollm")
     assert (meta.bos_token_id, meta.eos_token_id, meta.pad_token_id) == (1, 2, 2)
     assert not meta.add_bos_token and not meta.add_eos_token
@@ -135,8 +130,8 @@ def test_smollm2_skip_special_tokens(smol: Tokenizer, smol_hf_gguf) -> None:
             assert smol.decode(ids, skip_special_tokens=skip) == smol_hf_gguf.decode(ids, skip_special_tokens=skip)
 
 
-def test_smollm2_from_ir_dir_roundtrips_our_models(smol_gguf: Path, smol: Tokenizer, tmp_path: Path) -> None:
-    tokenizer, detokenizer = build_tokenizer_models(gguf.GGUFReader(smol_gguf))
+def test_smollm2_from_ir_dir_roundtrips_our_models(smollm2_gguf: Path, smol: Tokenizer, tmp_path: Path) -> None:
+    tokenizer, detokenizer = build_tokenizer_models(gguf.GGUFReader(smollm2_gguf))
     ov.save_model(tokenizer, tmp_path / "openvino_tokenizer.xml")
     ov.save_model(detokenizer, tmp_path / "openvino_detokenizer.xml")
     assert Tokenizer.from_ir_dir(tmp_path).eos_token_ids == (2,)

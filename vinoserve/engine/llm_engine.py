@@ -191,13 +191,15 @@ class LLMEngine:
         for s, r in zip(plan.scheduled, reqs):
             s.seq.num_computed_tokens += s.num_tokens
             r.metrics.first_scheduled_time = r.metrics.first_scheduled_time or now
-        sampled = [(lg, r) for lg, s, r in zip(result.logits, plan.scheduled, reqs) if s.samples]
+        # Sampling chunks ask for one row each and the rest for none, so the runner's rows are
+        # exactly the rows to sample, already in order.
+        sampled = [r for s, r in zip(plan.scheduled, reqs) if s.samples]
         if not sampled:
             return []
-        out = self.sampler.sample(np.concatenate([lg for lg, _ in sampled]), [r.sampling for _, r in sampled])
+        out = self.sampler.sample(result.rows, [r.sampling for r in sampled])
         outputs = [self._append(r, int(out.token_ids[i]), float(out.logprobs[i]), out.top_logprobs[i])
-                   for i, (_, r) in enumerate(sampled)]
-        for _, r in sampled:
+                   for i, r in enumerate(sampled)]
+        for r in sampled:
             if r.eviction is not None and not r.seq.status.is_finished:
                 self.evictor.evict_if_full(r.seq, r.eviction)
         return outputs

@@ -25,7 +25,8 @@ class ScheduledChunk:
 
 @dataclass(frozen=True)
 class StepResult:
-    logits: list[np.ndarray]  # per chunk [num_logits, vocab] float32
+    rows: np.ndarray  # [sum of num_logits, vocab] float32: every chunk's logits, in chunk order
+    logits: list[np.ndarray]  # per chunk [num_logits, vocab]: views into `rows`
     scores: list[np.ndarray] | None  # per layer, flat over chunks of (past + new); None without eviction
 
 
@@ -82,15 +83,16 @@ class ModelRunner:
         self.request.infer(inputs, share_inputs=True)
         self.infer_seconds += time.perf_counter() - start
 
-        logits = self.request.get_tensor("logits").data.reshape(-1, self.model.config.vocab_size)
+        # One copy out of the output tensor (the next infer reuses it); per-chunk views of it.
+        rows = np.array(self.request.get_tensor("logits").data.reshape(-1, self.model.config.vocab_size)[:len(sampled)])
         out, row = [], 0
         for c in chunks:
-            out.append(np.array(logits[row:row + c.num_logits]))
+            out.append(rows[row:row + c.num_logits])
             row += c.num_logits
         scores = None
         if self._has_scores:
             scores = [np.array(self.request.get_tensor(f"scores.{i}").data) for i in range(self._num_layers)]
-        return StepResult(out, scores)
+        return StepResult(rows, out, scores)
 
     def _block_inputs(self, chunks: Sequence[ScheduledChunk], inputs: dict) -> None:
         counts = [len(c.block_tables[0]) for c in chunks]
