@@ -32,6 +32,8 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eviction-aggregation", choices=("norm_sum", "sum"), default="norm_sum")
     p.add_argument("--no-rotation", action="store_true",
                    help="do not re-rotate the keys of blocks that move after an eviction")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="reuse the KV of prompt prefixes already computed (default: on, off with --cache-eviction)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,7 +73,7 @@ def _defaults_from_environment(p: argparse.ArgumentParser) -> None:
             continue
         value = os.environ.get(f"VINOSERVE_{action.dest.upper()}")
         if value is not None:
-            if isinstance(action, argparse._StoreTrueAction):
+            if isinstance(action, (argparse._StoreTrueAction, argparse.BooleanOptionalAction)):
                 action.default = value.lower() in ("1", "true", "yes", "on")
             else:
                 action.default = action.type(value) if action.type else value
@@ -90,11 +92,14 @@ def _engine_config(args: argparse.Namespace):
     scheduler = SchedulerConfig()
     if args.command == "serve":
         scheduler = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
-    return EngineConfig(
+    config = EngineConfig(
         model=args.model, weight_format=args.weight_format,
         compile=CompileOptions(args.device, args.inference_precision, args.kv_cache_precision, args.threads),
         scheduler=scheduler, kv_cache_size_gb=args.kv_cache_size, cache_eviction=eviction,
+        enable_prefix_caching=args.enable_prefix_caching,
     )
+    _ = config.prefix_caching  # a ValueError now, not once the server is up, for flags that conflict
+    return config
 
 
 def _log(message: str) -> None:

@@ -4,18 +4,25 @@ Without eviction every layer uses the same logical-to-physical table, so one tab
 allocator serve all layers. With eviction each layer drops different blocks, so there is a table
 and an allocator per layer; all layers still hold the same NUMBER of blocks at any time, so the
 free counts stay equal and capacity checks look at one of them.
+
+Prefix caching (a `salt` given) needs one table for all layers: with eviction, blocks are dropped
+and keys rotated in place per layer, so their content no longer matches a token prefix.
 """
 from __future__ import annotations
 
 from vinoserve.cache.block_allocator import BlockAllocator
+from vinoserve.cache.prefix_cache import PrefixCache
 
 BlockTables = list[list[int]]  # one table per group (1, or one per layer)
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, num_groups: int = 1) -> None:
+    def __init__(self, num_blocks: int, block_size: int, num_groups: int = 1, prefix_salt: bytes | None = None) -> None:
         self.allocators = [BlockAllocator(num_blocks) for _ in range(num_groups)]
         self.block_size = block_size
+        if prefix_salt is not None and num_groups != 1:
+            raise ValueError("prefix caching needs one block table for all layers (no cache eviction)")
+        self.prefix = PrefixCache(self.allocators[0], block_size, prefix_salt) if prefix_salt is not None else None
 
     @property
     def num_groups(self) -> int:
@@ -46,6 +53,15 @@ class BlockManager:
         for _ in range(self.blocks_needed(tables, num_tokens)):
             for table, allocator in zip(tables, self.allocators):
                 table.append(allocator.allocate())
+
+    def adopt(self, tables: BlockTables, cached: list[int]) -> None:
+        """Start an empty table with cached prefix blocks (shared, never written)."""
+        allocator = self.allocators[0]
+        tables[0].extend(allocator.share(b) for b in cached)
+
+    def num_reviving(self, cached: list[int]) -> int:
+        """Of these cached blocks, those that are free now: adopting them takes free blocks."""
+        return sum(self.allocators[0].is_free(b) for b in cached)
 
     def drop(self, group: int, table: list[int], logical: list[int]) -> None:
         """Evict the blocks at these logical indices of one group's table."""

@@ -11,6 +11,7 @@ from vinoserve.cache.block_manager import BlockManager
 from vinoserve.cache.eviction import CacheEvictionConfig
 from vinoserve.cache.rotation import kernel_supports_rotation
 from vinoserve.cache.kv_cache import KVCache, num_blocks_for_bytes
+from vinoserve.cache.prefix_cache import salt_hash
 from vinoserve.engine.evictor import Evictor, SequenceEviction
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.engine.outputs import RequestMetrics, RequestOutput
@@ -37,6 +38,16 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # exact block count, overrides kv_cache_size_gb
     cache_eviction: CacheEvictionConfig | None = None  # None: the whole context stays cached
     host_rotation: bool = False  # rotate evicted-then-moved keys on the host even where the kernel could
+    # Reuse computed KV blocks across requests sharing a prefix. Off while cache eviction is on
+    # (evicted and rotated blocks no longer match a token prefix); None: on where it can be.
+    enable_prefix_caching: bool | None = None
+
+    @property
+    def prefix_caching(self) -> bool:
+        if self.enable_prefix_caching and self.cache_eviction is not None:
+            raise ValueError("prefix caching and cache eviction cannot be used together "
+                             "(pass --no-enable-prefix-caching, or drop --cache-eviction)")
+        return self.enable_prefix_caching is not False and self.cache_eviction is None
 
     def compile_options(self) -> CompileOptions:
         """Score outputs when evicting; the kernel's rotation inputs only where it is known to work
@@ -73,7 +84,10 @@ class LLMEngine:
         num_blocks = config.num_kv_blocks or self._blocks_from_budget()
         self.cache = KVCache(paged.layout, layers, num_blocks)
         evicting = config.cache_eviction is not None
-        self.blocks = BlockManager(num_blocks, paged.block_size, layers if evicting else 1)
+        salt = salt_hash(config.model, config.weight_format, options, paged.block_size,
+                         paged.layout.key_type.get_type_name(), paged.layout.value_type.get_type_name())
+        self.blocks = BlockManager(num_blocks, paged.block_size, layers if evicting else 1,
+                                   salt if config.prefix_caching else None)
         self.evictor = None
         if evicting:
             config.cache_eviction.validate(paged.block_size)
@@ -191,6 +205,7 @@ class LLMEngine:
         for s, r in zip(plan.scheduled, reqs):
             s.seq.num_computed_tokens += s.num_tokens
             r.metrics.first_scheduled_time = r.metrics.first_scheduled_time or now
+        self.scheduler.cache_computed([s.seq for s in plan.scheduled])
         # Sampling chunks ask for one row each and the rest for none, so the runner's rows are
         # exactly the rows to sample, already in order.
         sampled = [r for s, r in zip(plan.scheduled, reqs) if s.samples]
@@ -249,4 +264,4 @@ class LLMEngine:
         return RequestOutput(seq.request_id, seq.prompt_token_ids, tokens, text,
                              finished=seq.status.is_finished, finish_reason=seq.finish_reason,
                              num_output_tokens=len(seq.output_token_ids), new_logprobs=logprobs,
-                             metrics=req.metrics)
+                             metrics=req.metrics, num_cached_tokens=seq.num_cached_prompt_tokens)

@@ -24,6 +24,7 @@ class RequestOutput:
     # Per new token: (logprob of the chosen token, top alternatives) when the request asked.
     new_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
     metrics: RequestMetrics | None = None
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache, not computed
 
 
 @dataclass

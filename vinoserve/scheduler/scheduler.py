@@ -71,19 +71,80 @@ class Scheduler:
             out.scheduled.append(ScheduledSequence.of(seq, n))
             budget -= n
             i += 1
-        while self.waiting and budget and len(out.scheduled) < self.config.max_num_seqs and not out.preempted:
-            seq = self.waiting[0]
-            n = min(seq.num_uncomputed_tokens, budget)
+        pending = self._pending_hashes()
+        w = 0
+        while w < len(self.waiting) and budget and len(out.scheduled) < self.config.max_num_seqs \
+                and not out.preempted:
+            seq = self.waiting[w]
+            hits = self._cached_prefix(seq)
+            if hits is None or self._waits_for(seq, len(hits), pending):
+                w += 1  # its next blocks are being computed by a running sequence: take them when done
+                continue
+            start = len(hits) * self.blocks.block_size
+            n = min(seq.num_tokens - start, budget)
             reserve = self._watermark if self.running else 0
-            if not self.blocks.can_grow(seq.block_tables, seq.num_cached_tokens + n, reserve):
-                break  # first come, first served: nobody overtakes the head of the queue
-            self.waiting.popleft()
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            needed = self.blocks.blocks_for(start + n) - len(hits) + self.blocks.num_reviving(hits)
+            if needed + reserve > self.blocks.num_free_blocks:
+                break  # first come, first served: nobody overtakes the head of the queue for memory
+            del self.waiting[w]
+            self._admit(seq, hits)
             self.blocks.grow(seq.block_tables, seq.num_cached_tokens + n)
             out.scheduled.append(ScheduledSequence.of(seq, n))
             budget -= n
+            pending |= self._uncomputed_hashes(seq)
         return out
+
+    # ---- prefix caching
+    def _cached_prefix(self, seq: Sequence) -> list[int] | None:
+        """Cached blocks `seq` can start from ([] without prefix caching)."""
+        prefix = self.blocks.prefix
+        if prefix is None:
+            return []
+        return prefix.match(seq.block_hashes, seq.token_ids, seq.num_tokens)
+
+    def _waits_for(self, seq: Sequence, num_hits: int, pending: set[bytes]) -> bool:
+        return num_hits < len(seq.block_hashes) and seq.block_hashes[num_hits] in pending
+
+    def _admit(self, seq: Sequence, hits: list[int]) -> None:
+        first = seq.status is SequenceStatus.WAITING
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        if self.blocks.prefix is None:
+            return
+        self.blocks.adopt(seq.block_tables, hits)
+        seq.num_computed_tokens = seq.num_registered_blocks = len(hits)
+        seq.num_computed_tokens *= self.blocks.block_size
+        if first:  # a preempted sequence finding its own blocks again is no prefix hit
+            seq.num_cached_prompt_tokens = seq.num_computed_tokens
+            self.blocks.prefix.record_lookup(seq.num_tokens, seq.num_computed_tokens)
+
+    def _uncomputed_hashes(self, seq: Sequence) -> set[bytes]:
+        """Hashes of the full blocks `seq` is about to compute, which others can wait for."""
+        if self.blocks.prefix is None:
+            return set()
+        done = seq.num_computed_tokens // self.blocks.block_size
+        return set(seq.block_hashes[done:])
+
+    def _pending_hashes(self) -> set[bytes]:
+        pending: set[bytes] = set()
+        for seq in self.running:
+            pending |= self._uncomputed_hashes(seq)
+        return pending
+
+    def cache_computed(self, seqs: list[Sequence]) -> None:
+        """Register the blocks these sequences' last step filled (call after the step ran)."""
+        prefix = self.blocks.prefix
+        if prefix is None:
+            return
+        for seq in seqs:
+            full = seq.num_computed_tokens // self.blocks.block_size
+            if full <= seq.num_registered_blocks:
+                continue
+            prefix.extend_hashes(seq.block_hashes, seq.token_ids, full)
+            table = seq.block_tables[0]
+            for i in range(seq.num_registered_blocks, full):
+                prefix.register(table[i], i, seq.block_hashes, seq.token_ids)
+            seq.num_registered_blocks = full
 
     def _make_room(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:
         """Preempt the newest running sequences until `seq` can grow by n; False if seq went too."""
@@ -98,7 +159,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         # Recompute: drop its KV; its tokens so far (prompt + output) are prefilled again later.
         self.blocks.free(seq.block_tables)
-        seq.num_computed_tokens = seq.num_evicted_tokens = 0
+        seq.num_computed_tokens = seq.num_evicted_tokens = seq.num_registered_blocks = 0
         seq.status = SequenceStatus.PREEMPTED
         seq.num_preemptions += 1
         self.num_preemptions += 1

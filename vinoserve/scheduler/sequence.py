@@ -33,6 +33,12 @@ class Sequence:
     block_tables: list[list[int]] = field(default_factory=lambda: [[]])  # per group (1, or per layer)
     finish_reason: str | None = None  # "stop" | "length" | "abort", as the OpenAI API names them
     num_preemptions: int = 0
+    # Prefix caching: chained hashes of its full blocks so far (tokens never change, so they stay
+    # valid through preemption), how many of its table's blocks are registered in the cache, and
+    # the prompt tokens its first admission found cached.
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_registered_blocks: int = 0
+    num_cached_prompt_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:

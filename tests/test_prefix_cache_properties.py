@@ -1,0 +1,119 @@
+"""Prefix-cache invariants under random shared prefixes, arrivals, aborts and preemption (no model:
+the test plays the model and writes each token's id into a fake KV block, so a block written
+while shared, or a hit on the wrong content, shows up as a content mismatch)."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vinoserve.cache.block_allocator import BlockAllocator
+from vinoserve.cache.block_manager import BlockManager
+from vinoserve.cache.prefix_cache import PrefixCache
+from vinoserve.scheduler.sampling_params import SamplingParams
+from vinoserve.scheduler.scheduler import Scheduler, SchedulerConfig
+from vinoserve.scheduler.sequence import Sequence, SequenceStatus
+
+BLOCK = 4
+BASE = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6, 2, 6, 4]
+
+
+def _check(blocks: BlockManager, live: list[Sequence], kv: dict[int, list]) -> None:
+    alloc, prefix = blocks.allocators[0], blocks.prefix
+    in_tables: dict[int, int] = {}
+    for s in live:
+        for b in s.block_tables[0]:
+            in_tables[b] = in_tables.get(b, 0) + 1
+    for b in range(blocks.num_blocks):
+        assert alloc.ref_count(b) == in_tables.get(b, 0), f"block {b}: ref count vs tables"
+    assert blocks.num_free_blocks == blocks.num_blocks - len(in_tables), "a block is both free and in a table"
+    for b in range(blocks.num_blocks):
+        tokens = prefix.entry_tokens(b)
+        if tokens is not None:
+            assert tuple(kv[b]) == tokens, f"cached block {b} holds other tokens than its hash says"
+    for s in live:
+        table = s.block_tables[0]
+        for i in range(s.num_computed_tokens // BLOCK):
+            assert kv[table[i]] == s.token_ids(i * BLOCK, (i + 1) * BLOCK), "a sequence reads KV not its own"
+        if s.status in (SequenceStatus.WAITING, SequenceStatus.PREEMPTED):
+            assert table == [] and s.num_computed_tokens == 0
+
+
+requests = st.lists(
+    # arrival step, shared-prefix length, own suffix length, max_tokens
+    st.tuples(st.integers(0, 20), st.integers(0, 24), st.integers(0, 9), st.integers(1, 10)),
+    min_size=1, max_size=10,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(requests, st.integers(6, 30), st.integers(1, 6), st.integers(1, 40),
+       st.lists(st.tuples(st.integers(0, 60), st.integers(0, 9)), max_size=3))
+def test_prefix_cache_invariants(reqs, num_blocks, max_seqs, budget, aborts):
+    blocks = BlockManager(num_blocks, BLOCK, prefix_salt=b"test")
+    sched = Scheduler(SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget), blocks)
+    seqs = [Sequence(f"r{i}", BASE[:shared] + [100 + i] * own or [1], SamplingParams(max_tokens=m))
+            for i, (_, shared, own, m) in enumerate(reqs)]
+    fits = [blocks.blocks_for(len(s.prompt_token_ids) + s.params.max_tokens) <= num_blocks for s in seqs]
+    kv: dict[int, list] = {b: [None] * BLOCK for b in range(num_blocks)}
+    live: list[Sequence] = []
+    for step in range(500):
+        for i, (arrival, *_) in enumerate(reqs):
+            if arrival == step and fits[i]:
+                sched.add(seqs[i])
+                live.append(seqs[i])
+        for at, idx in aborts:
+            if at == step and idx < len(seqs) and seqs[idx] in live:
+                sched.finish(seqs[idx], SequenceStatus.ABORTED, "abort")
+                live.remove(seqs[idx])
+        out = sched.schedule()
+        assert out.num_batched_tokens <= budget
+        if live and not sched.running and not out.scheduled:
+            pytest.fail("livelock: work is waiting but nothing was scheduled")
+        for s in out.scheduled:
+            seq, start = s.seq, s.seq.num_computed_tokens
+            for pos in range(start, start + s.num_tokens):
+                block = seq.block_tables[0][pos // BLOCK]
+                assert blocks.allocators[0].ref_count(block) == 1, "writing into a shared block"
+                kv[block][pos % BLOCK] = seq.token_ids(pos, pos + 1)[0]
+            seq.num_computed_tokens += s.num_tokens
+        sched.cache_computed([s.seq for s in out.scheduled])
+        for s in out.scheduled:
+            if s.samples:
+                s.seq.output_token_ids.append(50 + len(s.seq.output_token_ids) % 3)
+                if len(s.seq.output_token_ids) >= s.seq.params.max_tokens:
+                    sched.finish(s.seq, SequenceStatus.FINISHED, "length")
+                    live.remove(s.seq)
+        _check(blocks, live, kv)
+        if step > max(r[0] for r in reqs) and not live:
+            break
+    assert not live, "requests never finished"
+    assert blocks.num_free_blocks == num_blocks, "a block did not come back"
+    prefix = blocks.prefix
+    assert prefix.num_hit_tokens <= prefix.num_queried_tokens
+
+
+def test_hit_needs_matching_tokens_and_leaves_the_last_token():
+    alloc = BlockAllocator(8)
+    cache = PrefixCache(alloc, BLOCK, b"salt")
+    tokens = list(range(12))
+    get = lambda a, b: tokens[a:b]  # noqa: E731
+    hashes = cache.extend_hashes([], get, 3)
+    table = [alloc.allocate() for _ in range(3)]
+    for i, b in enumerate(table):
+        cache.register(b, i, hashes, get)
+    # 12 tokens: blocks 0 and 1 at most, so token 11 is computed and has logits.
+    assert cache.match([], get, 12) == table[:2]
+    assert cache.match([], get, 13) == table
+    other = tokens[:5] + [99] + tokens[6:]
+    assert cache.match([], lambda a, b: other[a:b], 12) == table[:1]
+    # A different salt (another model or cache precision) never hits.
+    assert PrefixCache(BlockAllocator(8), BLOCK, b"other").match([], get, 12) == []
+    # Freed cached blocks stay hit-able until memory is needed, oldest first.
+    for b in reversed(table):
+        alloc.free(b)
+    assert alloc.num_free == 8 and cache.match([], get, 13) == table
+    fresh = [alloc.allocate() for _ in range(5)]
+    assert not set(fresh) & set(table)
+    alloc.allocate()  # the least recently freed cached block: the last one, freed first
+    assert cache.match([], get, 13) == table[:2]
