@@ -96,3 +96,44 @@ def test_prefix_caching_is_off_with_cache_eviction_and_refused_when_asked_for():
     assert EngineConfig().prefix_caching and not EngineConfig(enable_prefix_caching=False).prefix_caching
     with pytest.raises(ValueError, match="prefix caching and cache eviction"):
         _ = EngineConfig(cache_eviction=ev, enable_prefix_caching=True).prefix_caching
+
+
+def _run_choices(engine: LLMEngine, prompt, params: list[SamplingParams], fork: bool) -> list[list[int]]:
+    out: dict[str, list[int]] = {}
+    for i, p in enumerate(params):
+        engine.add_request(f"c{i}", prompt, p, fork_of="c0" if fork and i else None)
+        out[f"c{i}"] = []
+    while engine.has_unfinished_requests:
+        for o in engine.step():
+            out[o.request_id] += o.new_token_ids
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+    return [out[f"c{i}"] for i in range(len(params))]
+
+
+@pytest.mark.parametrize("prompt_len", [45, 64])  # a partly filled last block to copy, and none
+def test_forked_choices_equal_choices_computed_alone_and_share_one_prefill(tiny, prompt_len):
+    path, prompts = tiny
+    prompt = prompts[6][:prompt_len]
+    params = [SamplingParams(max_tokens=10, temperature=1.0, seed=5 + i, ignore_eos=True) for i in range(3)]
+    alone = _run_choices(_engine(path, prefix=False), prompt, params, fork=False)
+    engine = _engine(path, prefix=True, budget=256)
+    computed = []
+    step = engine.runner.step
+    engine.runner.step = lambda chunks, rot=None: (computed.extend(len(c.token_ids) for c in chunks), step(chunks, rot))[1]
+    assert _run_choices(engine, prompt, params, fork=True) == alone
+    assert len({tuple(c) for c in alone}) == 3, "seeds 5, 6, 7 should give different choices"
+    assert sum(computed) == prompt_len + 3 * 9, "the prompt is computed once, then each choice decodes"
+
+
+def test_aborting_the_first_choice_lets_the_others_compute_the_prompt(tiny):
+    path, prompts = tiny
+    engine = _engine(path, prefix=True)
+    for i in range(3):
+        engine.add_request(f"c{i}", prompts[6], GREEDY, fork_of="c0" if i else None)
+    engine.abort_request("c0")
+    engine.abort_request("c2")
+    outs = []
+    while engine.has_unfinished_requests:
+        outs += engine.step()
+    assert {o.request_id for o in outs} == {"c1"} and outs[-1].finished
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks

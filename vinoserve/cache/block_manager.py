@@ -63,6 +63,29 @@ class BlockManager:
         """Of these cached blocks, those that are free now: adopting them takes free blocks."""
         return sum(self.allocators[0].is_free(b) for b in cached)
 
+    def fork(self, tables: BlockTables) -> BlockTables:
+        """A second owner of every block (choices sharing their prompt). Forks need one table for
+        all layers: with eviction, blocks are evicted and rotated in place per sequence."""
+        if self.num_groups != 1:
+            raise ValueError("sequences cannot share blocks while cache eviction is on")
+        return [[self.allocators[0].share(b) for b in tables[0]]]
+
+    def copies_needed(self, tables: BlockTables, start: int) -> int:
+        """1 if writing from token `start` on would write into a shared, partly filled block."""
+        i, offset = divmod(start, self.block_size)
+        return int(offset != 0 and i < len(tables[0]) and self.allocators[0].ref_count(tables[0][i]) > 1)
+
+    def own_block_at(self, tables: BlockTables, start: int) -> tuple[int, int] | None:
+        """Give this owner its own block in place of the shared one token `start` is written into;
+        returns (src, dst): the caller copies the KV before anything writes to dst."""
+        if not self.copies_needed(tables, start):
+            return None
+        i, allocator = start // self.block_size, self.allocators[0]
+        src, dst = tables[0][i], allocator.allocate()
+        allocator.free(src)
+        tables[0][i] = dst
+        return src, dst
+
     def drop(self, group: int, table: list[int], logical: list[int]) -> None:
         """Evict the blocks at these logical indices of one group's table."""
         gone = set(logical)

@@ -20,3 +20,12 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return sum(t.byte_size for t in self.keys + self.values)
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy whole blocks (src, dst) in every layer, keys and values, quantization parameters
+        included: a forked sequence's own copy of a partly filled shared block."""
+        for tensor in self.keys + self.values:
+            # Flat per block, so packed types (u4: one byte per two elements) copy too.
+            data = tensor.data.reshape(self.num_blocks, -1)
+            for src, dst in copies:
+                data[dst] = data[src]

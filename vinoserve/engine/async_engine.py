@@ -29,6 +29,7 @@ class AddRequest:
     params: SamplingParams
     stream: _Stream
     cache_eviction: dict | None = None
+    fork_of: str | None = None  # an earlier request with this prompt: another choice of the same n
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class EngineSnapshot:
     num_preemptions: int = 0
     num_evicted_blocks: int = 0
     num_rotated_blocks: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # of those, found cached
 
 
 class _Stream:
@@ -93,7 +96,7 @@ class AsyncLLMEngine:
         return self._unapplied + self.stats.num_waiting
 
     def submit(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
-               cache_eviction: dict | None = None) -> AsyncIterator[RequestOutput]:
+               cache_eviction: dict | None = None, fork_of: str | None = None) -> AsyncIterator[RequestOutput]:
         """Queue a request now (call on the event loop) and return its stream of outputs.
         Submitting is synchronous so that admission control can count it at once."""
         if not self.is_alive:
@@ -102,7 +105,7 @@ class AsyncLLMEngine:
         stream = _Stream(asyncio.get_running_loop())
         with self._lock:
             self._unapplied += 1
-        self._inbox.put(AddRequest(request_id, prompt_token_ids, params, stream, cache_eviction))
+        self._inbox.put(AddRequest(request_id, prompt_token_ids, params, stream, cache_eviction, fork_of))
         return self._outputs(request_id, stream)
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
@@ -150,6 +153,8 @@ class AsyncLLMEngine:
             num_preemptions=sched.num_preemptions,
             num_evicted_blocks=ev.num_evicted_blocks if (ev := self.engine.evictor) else 0,
             num_rotated_blocks=ev.num_rotated_blocks if ev else 0,
+            prefix_cache_queries=prefix.num_queried_tokens if (prefix := blocks.prefix) else 0,
+            prefix_cache_hits=prefix.num_hit_tokens if prefix else 0,
         )
 
     def _drain_inbox(self, block: bool) -> bool:
@@ -173,7 +178,7 @@ class AsyncLLMEngine:
             self._unapplied -= 1
         try:
             self.engine.add_request(msg.request_id, msg.prompt_token_ids, msg.params,
-                                    cache_eviction=msg.cache_eviction)
+                                    cache_eviction=msg.cache_eviction, fork_of=msg.fork_of)
         except ValueError as e:
             msg.stream.put(e)
             return

@@ -98,6 +98,7 @@ class LLMEngine:
         self.sampler = Sampler()
         self.eos_token_ids = tuple(dict.fromkeys([*self.model.config.eos_token_ids, *self.tokenizer.eos_token_ids]))
         self._requests: dict[str, _Request] = {}
+        self._forks: dict[str, list[_Request]] = {}  # a request id -> choices waiting for its prompt
         self.stats = StepStats()
         log(f"KV cache: {num_blocks} blocks of {paged.block_size} tokens, {self.cache.nbytes / 2**30:.2f} GiB "
             f"({paged.layout.key_type.get_type_name()} keys, {paged.layout.value_type.get_type_name()} values)")
@@ -121,9 +122,12 @@ class LLMEngine:
         return self.model.config.max_context
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    arrival_time: float | None = None, cache_eviction: dict | None = None) -> list[int]:
+                    arrival_time: float | None = None, cache_eviction: dict | None = None,
+                    fork_of: str | None = None) -> list[int]:
         """Queue a request; returns its prompt token ids. ValueError if it can never run.
-        `cache_eviction` overrides the engine's eviction settings for this request."""
+        `cache_eviction` overrides the engine's eviction settings for this request. `fork_of`
+        names an earlier request with the same prompt (another choice of the same n): this one
+        then shares its prompt's KV and samples its first token from the same logits."""
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         params.validate()
@@ -134,9 +138,15 @@ class LLMEngine:
         if arrival_time is not None:
             seq.arrival_time = arrival_time
         sampling = SamplingState(params, seq.prompt_token_ids, seq.output_token_ids, self.eos_token_ids)
-        self._requests[request_id] = _Request(seq, TextOutput(self.tokenizer, params.stop), sampling,
-                                              RequestMetrics(seq.arrival_time), eviction)
-        self.scheduler.add(seq)
+        req = _Request(seq, TextOutput(self.tokenizer, params.stop), sampling, RequestMetrics(seq.arrival_time),
+                       eviction)
+        self._requests[request_id] = req
+        parent = self._requests.get(fork_of) if fork_of is not None else None
+        if (parent is not None and self.evictor is None and not parent.seq.output_token_ids
+                and parent.seq.prompt_token_ids == ids):
+            self._forks.setdefault(fork_of, []).append(req)
+        else:  # nothing to fork from (any more): computed on its own, from the prefix cache where it can
+            self.scheduler.add(seq)
         return ids
 
     def new_eviction(self, overrides: dict | None) -> SequenceEviction | None:
@@ -168,6 +178,11 @@ class LLMEngine:
         req = self._requests.pop(request_id, None)
         if req is None:
             return None
+        for child in self._forks.pop(request_id, []):  # its choices compute the prompt themselves
+            self.scheduler.add(child.seq)
+        for waiting in self._forks.values():
+            if req in waiting:
+                waiting.remove(req)
         self.scheduler.finish(req.seq, SequenceStatus.ABORTED, "abort")
         req.metrics.finished_time = time.monotonic()
         return self._output(req, [], "")
@@ -199,6 +214,8 @@ class LLMEngine:
         reqs = [self._requests[s.seq.request_id] for s in plan.scheduled]
         chunks = [self._chunk(s, r) for s, r in zip(plan.scheduled, reqs)]
         rotation = self.evictor.kernel_rotation([r.eviction for r in reqs if r.eviction]) if self.evictor else None
+        if plan.copies:
+            self.cache.copy_blocks(plan.copies)
         result = self.runner.step(chunks, rotation)
         if result.scores is not None:
             self._collect_scores(chunks, reqs, result.scores)
@@ -211,13 +228,28 @@ class LLMEngine:
         sampled = [r for s, r in zip(plan.scheduled, reqs) if s.samples]
         if not sampled:
             return []
-        out = self.sampler.sample(result.rows, [r.sampling for r in sampled])
+        rows = self._fork_choices(sampled, result.rows, now)
+        out = self.sampler.sample(rows, [r.sampling for r in sampled])
         outputs = [self._append(r, int(out.token_ids[i]), float(out.logprobs[i]), out.top_logprobs[i])
                    for i, r in enumerate(sampled)]
         for r in sampled:
             if r.eviction is not None and not r.seq.status.is_finished:
                 self.evictor.evict_if_full(r.seq, r.eviction)
         return outputs
+
+    def _fork_choices(self, sampled: list[_Request], rows: np.ndarray, now: float) -> np.ndarray:
+        """Choices waiting for a prompt that just finished join `sampled` (in place), on the
+        prompt's blocks and its logits row; returns the rows to sample, one per entry."""
+        if not self._forks:
+            return rows
+        index = list(range(len(sampled)))
+        for i, parent in enumerate(list(sampled)):
+            for child in self._forks.pop(parent.seq.request_id, []):
+                self.scheduler.fork(parent.seq, child.seq)
+                child.metrics.first_scheduled_time = now
+                sampled.append(child)
+                index.append(i)
+        return rows if len(index) == len(rows) else rows[index]
 
     def _chunk(self, s: ScheduledSequence, req: _Request) -> ScheduledChunk:
         seq, ev = s.seq, req.eviction

@@ -36,6 +36,7 @@ class ScheduledSequence:
 class SchedulerOutput:
     scheduled: list[ScheduledSequence] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) blocks to copy before the step
 
     @property
     def num_batched_tokens(self) -> int:
@@ -67,6 +68,8 @@ class Scheduler:
             n = min(seq.num_uncomputed_tokens, budget)
             if not self._make_room(seq, n, out):
                 break  # seq itself was the newest and got preempted
+            if (copy := self.blocks.own_block_at(seq.block_tables, seq.num_cached_tokens)) is not None:
+                out.copies.append(copy)
             self.blocks.grow(seq.block_tables, seq.num_cached_tokens + n)
             out.scheduled.append(ScheduledSequence.of(seq, n))
             budget -= n
@@ -148,13 +151,24 @@ class Scheduler:
 
     def _make_room(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:
         """Preempt the newest running sequences until `seq` can grow by n; False if seq went too."""
-        while not self.blocks.can_grow(seq.block_tables, seq.num_cached_tokens + n):
+        while not self.blocks.can_grow(seq.block_tables, seq.num_cached_tokens + n,
+                                       self.blocks.copies_needed(seq.block_tables, seq.num_cached_tokens)):
             victim = self.running.pop()
             self._preempt(victim)
             out.preempted.append(victim)
             if victim is seq:
                 return False
         return True
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """`child` (same prompt) starts where `parent` is, on its blocks, and runs from now on."""
+        child.block_tables = self.blocks.fork(parent.block_tables)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.block_hashes = list(parent.block_hashes)
+        child.num_registered_blocks = parent.num_registered_blocks
+        child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
+        child.status = SequenceStatus.RUNNING
+        self.running.append(child)
 
     def _preempt(self, seq: Sequence) -> None:
         # Recompute: drop its KV; its tokens so far (prompt + output) are prefilled again later.

@@ -122,7 +122,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         k = req.logprobs
         params = serving.sampling_params(req, req.max_tokens if req.max_tokens is not None else 16,
                                          max(map(len, prompts)), k)
-        streams = serving.admit(prompts, params, "prompt", req.cache_eviction)
+        streams = serving.admit(prompts, params, "prompt", req.cache_eviction, req.n)
         return await serving.respond(raw, req, prompts, streams, chat=False)
 
     @app.post("/v1/chat/completions", dependencies=auth)
@@ -135,7 +135,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         params = serving.sampling_params(req, max_tokens, len(prompt),
                                          (req.top_logprobs or 0) if req.logprobs else None)
-        streams = serving.admit([prompt], params, "messages", req.cache_eviction)
+        streams = serving.admit([prompt], params, "messages", req.cache_eviction, req.n)
         return await serving.respond(raw, req, [prompt], streams, chat=True)
 
     @app.post("/tokenize", dependencies=auth)

@@ -32,6 +32,10 @@ class _EngineGauges:
              stats.num_evicted_blocks),
             (CounterMetricFamily, "vinoserve:rotated_blocks", "KV blocks re-rotated after eviction.",
              stats.num_rotated_blocks),
+            (CounterMetricFamily, "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+             stats.prefix_cache_queries),
+            (CounterMetricFamily, "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+             stats.prefix_cache_hits),
         ]:
             metric = family(name, doc, labels=["model_name"])
             metric.add_metric([self.model], value)

@@ -5,7 +5,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -23,11 +23,14 @@ class _Choice:
     """One prompt's generation, accumulated."""
 
     index: int
-    prompt_len: int
     text: str = ""
     tokens: int = 0
     finish_reason: str | None = None
     logprobs: list | None = None
+    cached_tokens: int = 0
+
+
+MAX_N = 128  # OpenAI's limit on choices per request
 
 
 class OpenAIServing:
@@ -61,8 +64,10 @@ class OpenAIServing:
         return [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
 
     def sampling_params(self, req, max_tokens: int | None, prompt_len: int, logprobs: int | None) -> SamplingParams:
-        if req.n != 1:
-            raise APIError(400, "n > 1 is not supported yet; send n separate requests", "n")
+        if not 1 <= req.n <= MAX_N:
+            raise APIError(400, f"n must be in [1, {MAX_N}], got {req.n}", "n")
+        if getattr(req, "best_of", None) not in (None, req.n):
+            raise APIError(400, "best_of other than n is not supported", "best_of")
         stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
         defaults = SamplingParams()
         try:
@@ -80,22 +85,36 @@ class OpenAIServing:
             raise bad_value(e) from e
 
     def admit(self, prompts: list[list[int]], params: SamplingParams, prompt_param: str,
-              cache_eviction: dict | None = None) -> list[AsyncIterator[RequestOutput]]:
+              cache_eviction: dict | None = None, n: int = 1) -> list[AsyncIterator[RequestOutput]]:
         """Validate, apply --max-queue, and submit: all before the handler next awaits, so
-        concurrent requests cannot all slip under the limit."""
+        concurrent requests cannot all slip under the limit. n choices per prompt, in order."""
         for ids in prompts:
             try:
                 self.engine.prepare(ids, params, cache_eviction)
             except ValueError as e:
                 raise bad_value(e, "cache_eviction" if str(e).startswith("cache_eviction") else prompt_param) from e
-        if self.max_queue is not None and self.engine.num_waiting + len(prompts) > self.max_queue:
+        if self.max_queue is not None and self.engine.num_waiting + len(prompts) * n > self.max_queue:
             raise APIError(503, f"the server is at capacity ({self.max_queue} requests waiting); retry later",
                            code="overloaded")
-        return [self._stream(ids, self.engine.submit(ids, params, cache_eviction=cache_eviction))
-                for ids in prompts]
+        if n == 1:
+            return [self._stream(len(ids), self.engine.submit(ids, params, cache_eviction=cache_eviction))
+                    for ids in prompts]
+        return [stream for ids in prompts for stream in self._choices(ids, params, cache_eviction, n)]
+
+    def _choices(self, ids: list[int], params: SamplingParams, cache_eviction: dict | None,
+                 n: int) -> list[AsyncIterator[RequestOutput]]:
+        """n choices of one prompt: the first computes the prompt, the others fork from it (its
+        KV, its logits) and sample on their own; a seed gives each choice seed + index."""
+        group = new_id("req")
+        streams = []
+        for i in range(n):
+            choice = replace(params, seed=None if params.seed is None else params.seed + i)
+            outputs = self.engine.submit(ids, choice, f"{group}-{i}", cache_eviction, fork_of=f"{group}-0" if i else None)
+            streams.append(self._stream(len(ids) if i == 0 else 0, outputs))  # the prompt counts once
+        return streams
 
     # ---- engine streams
-    async def _stream(self, ids: list[int], outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+    async def _stream(self, prompt_tokens: int, outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
         """The engine's outputs for one prompt, with per-token and per-request metrics."""
         last = None
         async for out in outputs:
@@ -104,7 +123,7 @@ class OpenAIServing:
                 self.metrics.token(None if last is None else t - last)
                 last = t
             if out.finished and out.metrics:
-                self.metrics.finished(len(ids), out.metrics)
+                self.metrics.finished(prompt_tokens, out.metrics)
             yield out
 
     @staticmethod
@@ -140,24 +159,26 @@ class OpenAIServing:
         rid = new_id("chatcmpl" if chat else "cmpl")
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            events = self._sse(rid, prompts, streams, chat, include_usage)
+            events = self._sse(rid, prompts, streams, chat, include_usage, req.n)
             return StreamingResponse(events, media_type="text/event-stream")
-        return await _unless_disconnected(raw, self._complete(rid, prompts, streams, chat))
+        return await _unless_disconnected(raw, self._complete(rid, prompts, streams, chat, req.n))
 
-    async def _complete(self, rid: str, prompts, streams, chat: bool) -> JSONResponse:
-        choices = [_Choice(i, len(p)) for i, p in enumerate(prompts)]
+    async def _complete(self, rid: str, prompts, streams, chat: bool, n: int = 1) -> JSONResponse:
+        choices = [_Choice(i) for i in range(len(streams))]
         async for i, out in self._merged(streams):
             c = choices[i]
             c.text += out.new_text
             c.tokens = out.num_output_tokens
             c.finish_reason = out.finish_reason
+            c.cached_tokens = out.num_cached_tokens
             if out.new_logprobs is not None:
                 c.logprobs = (c.logprobs or []) + self._token_logprobs(out)
         body = {
             "id": rid, "object": "chat.completion" if chat else "text_completion", "created": now(),
             "model": self.model_name,
             "choices": [self._final_choice(c, chat) for c in choices],
-            "usage": _usage(sum(c.prompt_len for c in choices), sum(c.tokens for c in choices)),
+            "usage": _usage(sum(map(len, prompts)), sum(c.tokens for c in choices),
+                            sum(c.cached_tokens for c in choices[::n])),
         }
         return JSONResponse(body)
 
@@ -169,7 +190,8 @@ class OpenAIServing:
         return {"index": c.index, "text": c.text, "logprobs": _legacy_logprobs(c.logprobs),
                 "finish_reason": c.finish_reason}
 
-    async def _sse(self, rid: str, prompts, streams, chat: bool, include_usage: bool) -> AsyncIterator[str]:
+    async def _sse(self, rid: str, prompts, streams, chat: bool, include_usage: bool,
+                   n: int = 1) -> AsyncIterator[str]:
         created, obj = now(), "chat.completion.chunk" if chat else "text_completion"
 
         def event(choices: list[dict], usage: dict | None = None) -> str:
@@ -179,13 +201,13 @@ class OpenAIServing:
             return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
         if chat:
-            for i in range(len(prompts)):
+            for i in range(len(streams)):
                 yield event([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                               "finish_reason": None}])
-        tokens = [0] * len(prompts)
+        tokens, cached = [0] * len(streams), [0] * len(streams)
         try:
             async for i, out in self._merged(streams):
-                tokens[i] = out.num_output_tokens
+                tokens[i], cached[i] = out.num_output_tokens, out.num_cached_tokens
                 # One chunk per token, even one that completes no character yet: clients can
                 # time every token (ITL), and the text stays whole-character.
                 lp = self._token_logprobs(out) if out.new_logprobs is not None else None
@@ -200,7 +222,7 @@ class OpenAIServing:
             yield f"data: {json.dumps({'error': {'message': str(e), 'type': 'server_error'}})}\n\n"
             return
         if include_usage:
-            yield event([], _usage(sum(len(p) for p in prompts), sum(tokens)))
+            yield event([], _usage(sum(len(p) for p in prompts), sum(tokens), sum(cached[::n])))
         yield "data: [DONE]\n\n"
 
     def _token_logprobs(self, out: RequestOutput) -> list[dict]:
@@ -230,8 +252,9 @@ def _legacy_logprobs(entries: list[dict] | None) -> dict | None:
             "text_offset": offsets}
 
 
-def _usage(prompt: int, completion: int) -> dict:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+def _usage(prompt: int, completion: int, cached: int = 0) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 async def _unless_disconnected(raw: Request, work) -> Response:
