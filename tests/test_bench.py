@@ -18,7 +18,7 @@ from vinoserve.cli import main
 
 SUMMARY_KEYS = {"duration_s", "completed", "failed", "errors", "total_input_tokens", "total_output_tokens",
                 "request_throughput", "input_token_throughput", "output_token_throughput", "ttft_ms", "tpot_ms",
-                "itl_ms", "e2el_ms", "goodput", "request_rate", "max_concurrency"}
+                "itl_ms", "e2el_ms", "goodput", "request_rate", "max_concurrency", "total_cached_tokens"}
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +44,22 @@ def test_against_our_server(server, tmp_path):
         ttft, e2e = r["chunk_times"][0] - r["start"], r["end"] - r["start"]
         assert 0 < ttft <= e2e
         assert len(r["chunk_times"]) - 1 == r["output_tokens"] - 1  # one ITL per token after the first
+
+
+def test_multi_turn_conversations_send_turns_in_order_and_hit_the_prefix_cache(server, tmp_path, capsys):
+    out = tmp_path / "result.json"
+    assert main(["bench", "serve", "--base-url", server.url, "--model", "tiny", "--workload", "multi-turn",
+                 "--num-prompts", "2", "--turns", "3", "--prefix-len", "20", "--input-len", "4",
+                 "--output-len", "4", "--save-result", str(out)]) == 0
+    assert "TTFT, follow-ups" in capsys.readouterr().out
+    run = json.loads(out.read_text())["runs"][0]
+    s, reqs = run["summary"], run["requests"]
+    assert s["completed"] == 6 and s["total_cached_tokens"] > 0, s["errors"]
+    for conv in (reqs[:3], reqs[3:]):
+        assert [r["turn"] for r in conv] == [0, 1, 2]
+        assert all(a["end"] <= b["start"] for a, b in zip(conv, conv[1:])), "a turn starts after the last ends"
+        assert conv[0]["prompt_tokens"] < conv[1]["prompt_tokens"] < conv[2]["prompt_tokens"]
+        assert conv[0]["cached_tokens"] == 0 and conv[2]["cached_tokens"] >= 32
 
 
 def test_sweep_over_concurrency(server, capsys):

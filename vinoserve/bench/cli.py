@@ -12,8 +12,8 @@ from tqdm import tqdm
 from vinoserve.bench import engine_vs_genai
 from vinoserve.bench.client import Target, run
 from vinoserve.bench.metrics import Goodput, summarize
-from vinoserve.bench.workloads import (prefix_repetition_workload, random_workload, sharegpt_workload,
-                                       text_file_workload)
+from vinoserve.bench.workloads import (multi_turn_workload, prefix_repetition_workload, random_workload,
+                                       sharegpt_workload, text_file_workload)
 
 
 def add_bench_parser(sub) -> None:
@@ -29,13 +29,16 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
     p.add_argument("--model", required=True, help="the model id the server expects")
     p.add_argument("--api-key", default=None)
-    p.add_argument("--workload", choices=("random", "sharegpt", "prefix-repetition", "text"), default="random")
+    p.add_argument("--workload", choices=("random", "sharegpt", "prefix-repetition", "text", "multi-turn"), default="random")
     p.add_argument("--dataset-path", type=Path, help="ShareGPT JSON or plain text file")
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-len", type=int, default=256, help="words per prompt (about 1.3 tokens each)")
     p.add_argument("--output-len", type=int, default=128, help="max_tokens per request")
     p.add_argument("--range-ratio", type=float, default=0.0, help="lengths vary uniformly by +- this fraction")
     p.add_argument("--prefix-len", type=int, default=512, help="prefix-repetition: shared prefix words")
+    p.add_argument("--turns", type=int, default=4,
+                   help="multi-turn: turns per conversation (--num-prompts conversations; --prefix-len words "
+                        "in the first turn, --input-len words in each later user message)")
     p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="let requests stop at EOS (default: ignore_eos, so lengths are exact)")
     p.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (inf: all at once)")
@@ -53,6 +56,9 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
 def workload(args: argparse.Namespace):
     if args.workload == "random":
         return random_workload(args.num_prompts, args.input_len, args.output_len, args.range_ratio, args.seed)
+    if args.workload == "multi-turn":
+        return multi_turn_workload(args.num_prompts, args.turns, args.prefix_len, args.input_len, args.output_len,
+                                   seed=args.seed)
     if args.workload == "prefix-repetition":
         return prefix_repetition_workload(args.num_prompts, args.prefix_len, args.input_len, args.output_len,
                                           seed=args.seed)
@@ -105,6 +111,11 @@ def report(s: dict) -> str:
              f"request throughput (req/s):    {s['request_throughput']:.2f}",
              f"output throughput (tok/s):     {s['output_token_throughput']:.1f}",
              f"input throughput (tok/s):      {s['input_token_throughput']:.1f}"]
+    for key, label in (("ttft_first_turn_ms", "TTFT, first turns"), ("ttft_follow_up_ms", "TTFT, follow-ups")):
+        if key in s:
+            lines.append(f"{label + ' (ms):':<31}median {s[key]['median']:.1f}, mean {s[key]['mean']:.1f}")
+    if s.get("total_cached_tokens"):
+        lines.append(f"cached prompt tokens:          {s['total_cached_tokens']}")
     if "goodput" in s:
         lines.append(f"goodput (req/s):               {s['goodput']:.2f}")
     lines.append(f"{'(ms)':<10}{'mean':>10}{'median':>10}{'p90':>10}{'p99':>10}")

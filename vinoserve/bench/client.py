@@ -30,7 +30,7 @@ async def send(client: httpx.AsyncClient, target: Target, req: BenchRequest, t0:
     if target.ignore_eos:
         body["ignore_eos"] = True  # vLLM's extension; vinoserve and vLLM honour it
     headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
-    rec = RequestRecord(start=time.perf_counter() - t0)
+    rec = RequestRecord(start=time.perf_counter() - t0, turn=req.turn)
     try:
         async with client.stream("POST", f"{target.base_url}/v1/completions", json=body, headers=headers) as r:
             if r.status_code != 200:
@@ -49,6 +49,7 @@ async def send(client: httpx.AsyncClient, target: Target, req: BenchRequest, t0:
                 if chunk.get("usage"):
                     rec.prompt_tokens = chunk["usage"]["prompt_tokens"]
                     rec.output_tokens = chunk["usage"]["completion_tokens"]
+                    rec.cached_tokens = (chunk["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
         rec.end = time.perf_counter() - t0
         if not rec.chunk_times:
             rec.error, rec.end = "no tokens streamed", None
@@ -84,10 +85,17 @@ async def run(target: Target, requests: list[BenchRequest], rate: float = float(
                 on_done(rec)
             return rec
 
+        async def chat(turns: list[BenchRequest]) -> list[RequestRecord]:
+            return [await one(req) for req in turns]
+
+        # A conversation is one task sending its turns in order; its start takes one arrival gap.
+        groups: dict[object, list[BenchRequest]] = {}
+        for i, req in enumerate(requests):
+            groups.setdefault(i if req.conversation is None else ("c", req.conversation), []).append(req)
         tasks = []
-        for req, gap in zip(requests, gaps):
+        for turns, gap in zip(groups.values(), gaps):
             if gap:
                 await asyncio.sleep(gap)
-            tasks.append(asyncio.create_task(one(req)))
-        records = await asyncio.gather(*tasks)
-    return list(records), time.perf_counter() - t0
+            tasks.append(asyncio.create_task(chat(turns)))
+        records = [rec for recs in await asyncio.gather(*tasks) for rec in recs]
+    return records, time.perf_counter() - t0

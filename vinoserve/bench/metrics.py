@@ -16,6 +16,8 @@ class RequestRecord:
     prompt_tokens: int = 0  # from the server's usage
     output_tokens: int = 0
     error: str | None = None
+    turn: int = 0  # multi-turn workloads: 0 for a conversation's first request
+    cached_tokens: int = 0  # prompt tokens the server reports it found in its prefix cache
 
     @property
     def ok(self) -> bool:
@@ -94,6 +96,11 @@ def summarize(records: list[RequestRecord], duration: float, goodput: Goodput | 
         "itl_ms": percentiles([x for r in ok for x in r.itls]),
         "e2el_ms": percentiles([r.e2e for r in ok]),
     }
+    follow_ups = [r for r in ok if r.turn > 0 and r.chunk_times]
+    if follow_ups:  # multi-turn: the turns that a prefix cache can speed up
+        summary["ttft_first_turn_ms"] = percentiles([r.ttft for r in ok if r.turn == 0 and r.chunk_times])
+        summary["ttft_follow_up_ms"] = percentiles([r.ttft for r in follow_ups])
+    summary["total_cached_tokens"] = sum(r.cached_tokens for r in ok)
     if goodput is not None:
         good = [r for r in ok if r.chunk_times and goodput.met(r)]
         summary["goodput"] = len(good) / duration if duration else 0.0

@@ -15,6 +15,8 @@ import numpy as np
 class BenchRequest:
     prompt: str
     output_len: int
+    conversation: int | None = None  # turns of one conversation go one after another, in order
+    turn: int = 0
 
 
 def stdlib_english() -> str:
@@ -54,6 +56,23 @@ def prefix_repetition_workload(n: int, prefix_len: int, suffix_len: int, output_
     prefixes = [" ".join(rng.choice(words, prefix_len)) for _ in range(num_prefixes)]
     return [BenchRequest(f"{prefixes[i % num_prefixes]} {' '.join(rng.choice(words, suffix_len))}", output_len)
             for i in range(n)]
+
+
+def multi_turn_workload(num_conversations: int, turns: int, first_len: int, turn_len: int, output_len: int,
+                        seed: int = 0) -> list[BenchRequest]:
+    """Chats whose every turn's prompt is the previous prompt, an answer and a new user message, so a
+    server with prefix caching computes only the new part. Turns of a conversation are sent one
+    after another; conversations run side by side. The answers are fixed text of `output_len`
+    words rather than the model's, so the prompts are the same for every server."""
+    rng = np.random.default_rng(seed)
+    words = _english_words()
+    out = []
+    for c in range(num_conversations):
+        prompt = f"User: {' '.join(rng.choice(words, first_len))}\nAssistant:"
+        for t in range(turns):
+            out.append(BenchRequest(prompt, output_len, conversation=c, turn=t))
+            prompt += f" {' '.join(rng.choice(words, output_len))}\nUser: {' '.join(rng.choice(words, turn_len))}\nAssistant:"
+    return out
 
 
 def text_file_workload(path: Path, n: int, input_len: int, output_len: int) -> list[BenchRequest]:
