@@ -1,4 +1,5 @@
-"""Prefix-cache invariants under random shared prefixes, arrivals, aborts and preemption (no model:
+"""Prefix-cache invariants under random shared prefixes, forks (n choices), arrivals, aborts and
+preemption (no model:
 the test plays the model and writes each token's id into a fake KV block, so a block written
 while shared, or a hit on the wrong content, shows up as a content mismatch)."""
 from __future__ import annotations
@@ -48,8 +49,8 @@ requests = st.lists(
 
 @settings(max_examples=150, deadline=None)
 @given(requests, st.integers(6, 30), st.integers(1, 6), st.integers(1, 40),
-       st.lists(st.tuples(st.integers(0, 60), st.integers(0, 9)), max_size=3))
-def test_prefix_cache_invariants(reqs, num_blocks, max_seqs, budget, aborts):
+       st.lists(st.tuples(st.integers(0, 60), st.integers(0, 9)), max_size=3), st.integers(0, 2))
+def test_prefix_cache_invariants(reqs, num_blocks, max_seqs, budget, aborts, forks):
     blocks = BlockManager(num_blocks, BLOCK, prefix_salt=b"test")
     sched = Scheduler(SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget), blocks)
     seqs = [Sequence(f"r{i}", BASE[:shared] + [100 + i] * own or [1], SamplingParams(max_tokens=m))
@@ -67,6 +68,8 @@ def test_prefix_cache_invariants(reqs, num_blocks, max_seqs, budget, aborts):
                 sched.finish(seqs[idx], SequenceStatus.ABORTED, "abort")
                 live.remove(seqs[idx])
         out = sched.schedule()
+        for src, dst in out.copies:  # copy-on-write of a shared, partly filled block
+            kv[dst] = list(kv[src])
         assert out.num_batched_tokens <= budget
         if live and not sched.running and not out.scheduled:
             pytest.fail("livelock: work is waiting but nothing was scheduled")
@@ -79,6 +82,12 @@ def test_prefix_cache_invariants(reqs, num_blocks, max_seqs, budget, aborts):
             seq.num_computed_tokens += s.num_tokens
         sched.cache_computed([s.seq for s in out.scheduled])
         for s in out.scheduled:
+            if s.samples and not s.seq.output_token_ids and s.seq.request_id.count("/") == 0:
+                for k in range(forks):  # n choices: siblings start on this prompt's blocks
+                    child = Sequence(f"{s.seq.request_id}/{k}", s.seq.prompt_token_ids, s.seq.params)
+                    sched.fork(s.seq, child)
+                    child.output_token_ids.append(60 + k)
+                    live.append(child)
             if s.samples:
                 s.seq.output_token_ids.append(50 + len(s.seq.output_token_ids) % 3)
                 if len(s.seq.output_token_ids) >= s.seq.params.max_tokens:
