@@ -110,13 +110,14 @@ def _run_choices(engine: LLMEngine, prompt, params: list[SamplingParams], fork: 
     return [out[f"c{i}"] for i in range(len(params))]
 
 
-@pytest.mark.parametrize("prompt_len", [45, 64])  # a partly filled last block to copy, and none
-def test_forked_choices_equal_choices_computed_alone_and_share_one_prefill(tiny, prompt_len):
+# A partly filled last block to copy, and none; forks work without prefix caching too.
+@pytest.mark.parametrize("prompt_len, prefix", [(45, True), (64, True), (45, False)])
+def test_forked_choices_equal_choices_computed_alone_and_share_one_prefill(tiny, prompt_len, prefix):
     path, prompts = tiny
     prompt = prompts[6][:prompt_len]
     params = [SamplingParams(max_tokens=10, temperature=1.0, seed=5 + i, ignore_eos=True) for i in range(3)]
     alone = _run_choices(_engine(path, prefix=False), prompt, params, fork=False)
-    engine = _engine(path, prefix=True, budget=256)
+    engine = _engine(path, prefix=prefix, budget=256)
     computed = []
     step = engine.runner.step
     engine.runner.step = lambda chunks, rot=None: (computed.extend(len(c.token_ids) for c in chunks), step(chunks, rot))[1]

@@ -80,7 +80,7 @@ class Scheduler:
                 and not out.preempted:
             seq = self.waiting[w]
             hits = self._cached_prefix(seq)
-            if hits is None or self._waits_for(seq, len(hits), pending):
+            if self._waits_for(seq, len(hits), pending):
                 w += 1  # its next blocks are being computed by a running sequence: take them when done
                 continue
             start = len(hits) * self.blocks.block_size
@@ -98,7 +98,7 @@ class Scheduler:
         return out
 
     # ---- prefix caching
-    def _cached_prefix(self, seq: Sequence) -> list[int] | None:
+    def _cached_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks `seq` can start from ([] without prefix caching)."""
         prefix = self.blocks.prefix
         if prefix is None:
@@ -115,8 +115,8 @@ class Scheduler:
         if self.blocks.prefix is None:
             return
         self.blocks.adopt(seq.block_tables, hits)
-        seq.num_computed_tokens = seq.num_registered_blocks = len(hits)
-        seq.num_computed_tokens *= self.blocks.block_size
+        seq.num_registered_blocks = len(hits)
+        seq.num_computed_tokens = len(hits) * self.blocks.block_size
         if first:  # a preempted sequence finding its own blocks again is no prefix hit
             seq.num_cached_prompt_tokens = seq.num_computed_tokens
             self.blocks.prefix.record_lookup(seq.num_tokens, seq.num_computed_tokens)
