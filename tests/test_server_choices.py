@@ -72,3 +72,16 @@ def test_follow_up_reports_cached_tokens_and_prefix_metrics(server, client):
     assert first.usage.prompt_tokens // 32 * 32 - 32 <= cached < second.usage.prompt_tokens
     assert metric(server, "vllm:prefix_cache_queries_total") - queries == second.usage.prompt_tokens
     assert metric(server, "vllm:prefix_cache_hits_total") - hits == cached
+
+
+def test_best_of_returns_the_most_likely_of_the_choices(client):
+    kw = dict(model=MODEL, prompt="The weather today is", seed=21, temperature=1.0, max_tokens=8)
+    all3 = client.completions.create(n=3, logprobs=0, **kw)
+    totals = [sum(c.logprobs.token_logprobs) for c in all3.choices]
+    best = client.completions.create(best_of=3, **kw)
+    assert len(best.choices) == 1 and best.choices[0].index == 0 and best.choices[0].logprobs is None
+    assert best.choices[0].text == all3.choices[totals.index(max(totals))].text
+    assert best.usage.completion_tokens == all3.usage.completion_tokens  # every generated token is billed
+    two = client.completions.create(n=2, best_of=3, logprobs=0, **kw)
+    assert [c.index for c in two.choices] == [0, 1]
+    assert [c.text for c in two.choices] == [all3.choices[i].text for i in sorted(range(3), key=lambda i: -totals[i])[:2]]

@@ -19,7 +19,7 @@ from vinoserve.model.default_model import DEFAULT_MODEL
 from vinoserve.server import errors
 from vinoserve.server.errors import APIError
 from vinoserve.server.metrics import Metrics
-from vinoserve.server.openai_serving import OpenAIServing
+from vinoserve.server.openai_serving import OpenAIServing, num_choices
 from vinoserve.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                        TokenizeRequest, now)
 
@@ -122,7 +122,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         k = req.logprobs
         params = serving.sampling_params(req, req.max_tokens if req.max_tokens is not None else 16,
                                          max(map(len, prompts)), k)
-        streams = serving.admit(prompts, params, "prompt", req.cache_eviction, req.n)
+        streams = serving.admit(prompts, params, "prompt", req.cache_eviction, num_choices(req))
         return await serving.respond(raw, req, prompts, streams, chat=False)
 
     @app.post("/v1/chat/completions", dependencies=auth)

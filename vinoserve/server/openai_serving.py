@@ -66,8 +66,13 @@ class OpenAIServing:
     def sampling_params(self, req, max_tokens: int | None, prompt_len: int, logprobs: int | None) -> SamplingParams:
         if not 1 <= req.n <= MAX_N:
             raise APIError(400, f"n must be in [1, {MAX_N}], got {req.n}", "n")
-        if getattr(req, "best_of", None) not in (None, req.n):
-            raise APIError(400, "best_of other than n is not supported", "best_of")
+        best_of = num_choices(req)
+        if best_of < req.n or best_of > MAX_N:
+            raise APIError(400, f"best_of must be in [n, {MAX_N}], got {best_of}", "best_of")
+        if best_of > req.n:
+            if req.stream:
+                raise APIError(400, "best_of > n cannot be streamed", "best_of")
+            logprobs = 0 if logprobs is None else logprobs  # choices are ranked by their logprob
         stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
         defaults = SamplingParams()
         try:
@@ -161,9 +166,14 @@ class OpenAIServing:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             events = self._sse(rid, prompts, streams, chat, include_usage, req.n)
             return StreamingResponse(events, media_type="text/event-stream")
-        return await _unless_disconnected(raw, self._complete(rid, prompts, streams, chat, req.n))
+        best_of = num_choices(req)
+        # With best_of > n the logprobs were computed to rank the choices; shown only if asked for.
+        shown = best_of == req.n or req.logprobs is not None
+        return await _unless_disconnected(raw, self._complete(rid, prompts, streams, chat, best_of, req.n, shown))
 
-    async def _complete(self, rid: str, prompts, streams, chat: bool, n: int = 1) -> JSONResponse:
+    async def _complete(self, rid: str, prompts, streams, chat: bool, n: int = 1, keep: int | None = None,
+                        keep_logprobs: bool = True) -> JSONResponse:
+        """n choices per prompt came back; `keep` of them (the most likely first) are returned."""
         choices = [_Choice(i) for i in range(len(streams))]
         async for i, out in self._merged(streams):
             c = choices[i]
@@ -173,12 +183,14 @@ class OpenAIServing:
             c.cached_tokens = out.num_cached_tokens
             if out.new_logprobs is not None:
                 c.logprobs = (c.logprobs or []) + self._token_logprobs(out)
+        usage = _usage(sum(map(len, prompts)), sum(c.tokens for c in choices), sum(c.cached_tokens for c in choices[::n]))
+        if keep is not None and keep < n:
+            choices = _best_of(choices, n, keep, keep_logprobs)
         body = {
             "id": rid, "object": "chat.completion" if chat else "text_completion", "created": now(),
             "model": self.model_name,
             "choices": [self._final_choice(c, chat) for c in choices],
-            "usage": _usage(sum(map(len, prompts)), sum(c.tokens for c in choices),
-                            sum(c.cached_tokens for c in choices[::n])),
+            "usage": usage,
         }
         return JSONResponse(body)
 
@@ -237,6 +249,23 @@ class OpenAIServing:
         raw = self.tokenizer.token_bytes[token] if token < len(self.tokenizer.token_bytes) else b""
         return {"token": raw.decode("utf-8", errors="replace"), "logprob": max(logprob, -9999.0),
                 "bytes": list(raw)}
+
+
+def num_choices(req) -> int:
+    """Choices generated per prompt: best_of (completions only) or n."""
+    return getattr(req, "best_of", None) or req.n
+
+
+def _best_of(choices: list[_Choice], n: int, keep: int, keep_logprobs: bool) -> list[_Choice]:
+    """Of each prompt's n choices, the `keep` with the highest total logprob, re-indexed."""
+    out = []
+    for start in range(0, len(choices), n):
+        group = sorted(choices[start:start + n], key=lambda c: -sum(e["logprob"] for e in c.logprobs or []))
+        out += group[:keep]
+    for i, c in enumerate(out):
+        c.index = i
+        c.logprobs = c.logprobs if keep_logprobs else None
+    return out
 
 
 def _legacy_logprobs(entries: list[dict] | None) -> dict | None:

@@ -44,7 +44,7 @@ class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None  # top-k alternatives per token, 0..5
     echo: bool = False
-    best_of: int | None = None  # only best_of == n is served
+    best_of: int | None = None  # generate this many per prompt, return the n most likely
 
 
 class ContentPart(_Request):
