@@ -1,6 +1,7 @@
 """The step loop: scheduler -> model runner -> sampler -> outputs."""
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field, replace
@@ -22,6 +23,8 @@ from vinoserve.scheduler.sampler import Sampler, SamplingState
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.scheduler.scheduler import Scheduler, SchedulerConfig, ScheduledSequence
 from vinoserve.scheduler.sequence import Sequence, SequenceStatus
+
+_log = logging.getLogger(__name__)
 
 # Without --kv-cache-size, the cache takes this share of the memory available at start.
 DEFAULT_KV_MEMORY_FRACTION = 0.25
@@ -196,9 +199,9 @@ class LLMEngine:
         sampled = [r for s, r in zip(plan.scheduled, reqs) if s.samples]
         if not sampled:
             return []
-        out = self.sampler.sample(result.rows, [r.sampling for r in sampled])
-        outputs = [self._append(r, int(out.token_ids[i]), float(out.logprobs[i]), out.top_logprobs[i])
-                   for i, r in enumerate(sampled)]
+        picks = self._sample(result.rows, sampled)
+        outputs = [self._fail(r, pick) if isinstance(pick, Exception) else self._append_or_fail(r, *pick)
+                   for r, pick in zip(sampled, picks)]
         for r in sampled:
             if r.eviction is not None and not r.seq.status.is_finished:
                 self.evictor.evict_if_full(r.seq, r.eviction)
@@ -222,6 +225,39 @@ class LLMEngine:
             if chunk.score_window and req.eviction is not None:
                 req.eviction.state.add([layer[offset:offset + n] for layer in scores])
             offset += n
+
+    def _sample(self, rows: np.ndarray, reqs: list[_Request]) -> list[tuple[int, float, list | None] | Exception]:
+        """One token per request. If the batch raises, each request is sampled alone, so only
+        the one whose sampling fails is failed (its seeded neighbours may draw anew this step)."""
+        try:
+            out = self.sampler.sample(rows, [r.sampling for r in reqs])
+            return [(int(out.token_ids[i]), float(out.logprobs[i]), out.top_logprobs[i]) for i in range(len(reqs))]
+        except Exception:  # noqa: BLE001 - isolated per request below
+            picks: list[tuple[int, float, list | None] | Exception] = []
+            for i, r in enumerate(reqs):
+                try:
+                    out = self.sampler.sample(rows[i:i + 1], [r.sampling])
+                    picks.append((int(out.token_ids[0]), float(out.logprobs[0]), out.top_logprobs[0]))
+                except Exception as e:  # noqa: BLE001
+                    picks.append(e)
+            return picks
+
+    def _append_or_fail(self, req: _Request, token: int, logprob: float, top) -> RequestOutput:
+        try:
+            return self._append(req, token, logprob, top)
+        except Exception as e:  # noqa: BLE001 - a fault in one request's output path fails only it
+            return self._fail(req, e)
+
+    def _fail(self, req: _Request, error: Exception) -> RequestOutput:
+        """Retire a request whose own handling raised; its blocks are freed, the others go on."""
+        _log.error("request %s failed: %r", req.seq.request_id, error, exc_info=error)
+        if not req.seq.status.is_finished:
+            self.scheduler.finish(req.seq, SequenceStatus.ABORTED, "error")
+        self._requests.pop(req.seq.request_id, None)
+        req.metrics.finished_time = time.monotonic()
+        out = self._output(req, [], "")
+        out.error = f"{type(error).__name__}: {error}"
+        return out
 
     def _append(self, req: _Request, token: int, logprob: float, top) -> RequestOutput:
         seq, params = req.seq, req.seq.params

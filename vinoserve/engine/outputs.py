@@ -24,6 +24,7 @@ class RequestOutput:
     # Per new token: (logprob of the chosen token, top alternatives) when the request asked.
     new_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
     metrics: RequestMetrics | None = None
+    error: str | None = None  # set, with finish_reason "error", when this request's own handling failed
 
 
 @dataclass

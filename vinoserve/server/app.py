@@ -6,6 +6,7 @@ import asyncio
 import logging
 import secrets
 import threading
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,18 +50,31 @@ class _State:
         self.load_error: BaseException | None = None
 
     def ready(self) -> OpenAIServing:
+        if self.engine is not None and not self.engine.is_alive:
+            raise APIError(503, f"the engine stopped: {self.engine.error}; the server is exiting",
+                           code="engine_dead")
         if self.serving is None:
             message = f"model failed to load: {self.load_error}" if self.load_error else "the model is loading"
             raise APIError(503, message, code="model_not_ready")
         return self.serving
 
 
-def create_app(config: ServerConfig) -> FastAPI:
+# After the engine dies, /health answers 503 with the reason this long before the process exits
+# non-zero, so that probes and logs see why an orchestrator restarts it.
+FATAL_EXIT_DELAY_S = 2.0
+
+
+def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] | None = None) -> FastAPI:
+    """`on_fatal` (on the event loop) should stop the server with a non-zero status."""
     state = _State()
 
-    def load() -> None:
+    def load(loop: asyncio.AbstractEventLoop) -> None:
+        def fatal(e: BaseException) -> None:  # engine thread
+            if on_fatal is not None:
+                loop.call_soon_threadsafe(loop.call_later, FATAL_EXIT_DELAY_S, on_fatal, e)
+
         try:
-            engine = AsyncLLMEngine(LLMEngine(config.engine, log=log.info))
+            engine = AsyncLLMEngine(LLMEngine(config.engine, log=log.info), on_fatal=fatal)
             name = config.served_model_name or default_model_name(config.engine.model)
             metrics = Metrics(name)
             metrics.watch(engine)
@@ -73,7 +87,8 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
-        threading.Thread(target=load, name="vinoserve-load", daemon=True).start()
+        threading.Thread(target=load, args=(asyncio.get_running_loop(),), name="vinoserve-load",
+                         daemon=True).start()
         yield
         if state.engine is not None:
             await asyncio.to_thread(state.engine.shutdown)
@@ -96,7 +111,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     async def health() -> Response:
         if state.engine is not None and state.engine.is_alive:
             return Response(status_code=200)
-        reason = "engine stopped" if state.engine is not None else (
+        reason = f"engine stopped: {state.engine.error}" if state.engine is not None else (
             f"model failed to load: {state.load_error}" if state.load_error else "loading")
         return errors.error_response(503, reason)
 

@@ -25,11 +25,22 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
-def serve(args: argparse.Namespace, engine: EngineConfig) -> None:
+def serve(args: argparse.Namespace, engine: EngineConfig) -> int:
+    """Runs until stopped; the exit status is 1 if the engine died, else 0."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = ServerConfig(engine, args.served_model_name, args.api_key, args.max_queue)
     # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal under the handler
     # that was there before it; a no-op one makes a graceful stop exit 0, as orchestrators expect.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    uvicorn.Server(uvicorn.Config(create_app(config), host=args.host, port=args.port, log_level=args.log_level,
-                                  timeout_graceful_shutdown=args.shutdown_timeout)).run()
+    died: list[BaseException] = []
+
+    def stop(error: BaseException) -> None:
+        logging.getLogger("vinoserve").critical("the engine died (%s); exiting with status 1", error)
+        died.append(error)
+        server.should_exit = True
+
+    server = uvicorn.Server(uvicorn.Config(create_app(config, on_fatal=stop), host=args.host, port=args.port,
+                                           log_level=args.log_level,
+                                           timeout_graceful_shutdown=args.shutdown_timeout))
+    server.run()
+    return 1 if died else 0

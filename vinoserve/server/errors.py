@@ -9,12 +9,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from vinoserve.engine.async_engine import EngineDead, RequestFailed
 from vinoserve.scheduler.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable_error"}
+          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+          503: "service_unavailable_error"}
 
 
 class APIError(Exception):
@@ -42,6 +44,19 @@ def bad_value(e: ValueError, default_param: str | None = None) -> APIError:
     return APIError(400, message, first if first in _PARAMS else default_param)
 
 
+def failure(e: Exception) -> tuple[int, str, str | None]:
+    """Status, message and code for an error met while serving a request. Only what the client
+    caused is a 4xx; a fault of ours is a 500 that says which request failed, never a traceback."""
+    if isinstance(e, APIError):
+        return e.status, e.message, e.code
+    if isinstance(e, RequestFailed):
+        return 500, f"this request failed inside the server: {e}", "request_failed"
+    if isinstance(e, EngineDead):
+        return 500, str(e), "engine_dead"
+    log.error("unhandled error", exc_info=e)
+    return 500, "internal server error", None
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api(_: Request, e: APIError) -> JSONResponse:
@@ -62,7 +77,14 @@ def install(app: FastAPI) -> None:
     async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
         return error_response(e.status_code, str(e.detail))
 
+    @app.exception_handler(RequestFailed)
+    @app.exception_handler(EngineDead)
+    async def _failed(_: Request, e: Exception) -> JSONResponse:
+        # Registered by class, so Starlette answers without re-raising: the engine logged it.
+        status, message, code = failure(e)
+        return error_response(status, message, code=code)
+
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, e: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return error_response(500, "internal server error")
+        status, message, code = failure(e)
+        return error_response(status, message, code=code)

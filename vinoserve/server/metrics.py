@@ -32,6 +32,9 @@ class _EngineGauges:
              stats.num_evicted_blocks),
             (CounterMetricFamily, "vinoserve:rotated_blocks", "KV blocks re-rotated after eviction.",
              stats.num_rotated_blocks),
+            (CounterMetricFamily, "vinoserve:undelivered_tokens",
+             "Tokens generated after their client had left (an abort lands at the next step).",
+             stats.num_undelivered_tokens),
         ]:
             metric = family(name, doc, labels=["model_name"])
             metric.add_metric([self.model], value)
