@@ -17,8 +17,9 @@ from fastapi.responses import JSONResponse, Response
 from vinoserve.engine.async_engine import AsyncLLMEngine
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.model.default_model import DEFAULT_MODEL
-from vinoserve.server import errors
+from vinoserve.server import errors, openapi
 from vinoserve.server.errors import APIError
+from vinoserve.server.limits import BodySizeLimit, Limits
 from vinoserve.server.metrics import Metrics
 from vinoserve.server.openai_serving import OpenAIServing
 from vinoserve.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
@@ -33,6 +34,7 @@ class ServerConfig:
     served_model_name: str | None = None  # default: the model's directory name
     api_key: str | None = None
     max_queue: int | None = None
+    limits: Limits = field(default_factory=Limits)
 
 
 def default_model_name(model: str | None) -> str:
@@ -95,6 +97,9 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
 
     app = FastAPI(title="vinoserve", lifespan=lifespan)
     errors.install(app)
+    openapi.install(app)
+    app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_request_bytes)
+    limits = config.limits
 
     async def authorized(request: Request) -> None:
         if config.api_key is None:
@@ -131,9 +136,11 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
     async def completions(req: CompletionRequest, raw: Request) -> Response:
         serving = state.ready()
         serving.check_model(req.model)
+        limits.check_request(req)
         if req.echo:
             raise APIError(400, "echo is not supported", "echo")
         prompts = await asyncio.to_thread(serving.completion_prompts, req.prompt)  # big prompts take ms
+        limits.check_prompts(prompts, "prompt")
         k = req.logprobs
         params = serving.sampling_params(req, req.max_tokens if req.max_tokens is not None else 16,
                                          max(map(len, prompts)), k)
@@ -144,9 +151,11 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
     async def chat(req: ChatCompletionRequest, raw: Request) -> Response:
         serving = state.ready()
         serving.check_model(req.model)
+        limits.check_request(req)
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs requires logprobs: true", "top_logprobs")
         prompt = await asyncio.to_thread(serving.chat_prompt, req)
+        limits.check_prompts([prompt], "messages")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         params = serving.sampling_params(req, max_tokens, len(prompt),
                                          (req.top_logprobs or 0) if req.logprobs else None)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import fields
 
 from fastapi import FastAPI, Request
@@ -20,9 +21,10 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_f
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
+        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
@@ -30,8 +32,9 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
                       "code": code}}
 
 
-def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param, code), status_code=status)
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
 _PARAMS = {f.name for f in fields(SamplingParams)}
@@ -57,16 +60,26 @@ def failure(e: Exception) -> tuple[int, str, str | None]:
     return 500, "internal server error", None
 
 
+# Pydantic names the branch of a union it tried in the error's location ("constrained-str",
+# "list[int]"); the client only needs the field.
+_UNION_TAG = re.compile(r"^(str|int|float|bool|dict|list|none)$|[\[\]-]")
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api(_: Request, e: APIError) -> JSONResponse:
-        return error_response(e.status, e.message, e.param, e.code)
+        return error_response(e.status, e.message, e.param, e.code, e.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, e: RequestValidationError) -> JSONResponse:
         # Report the first problem in OpenAI's words; pydantic's own structure stays inside.
-        first = e.errors()[0] if e.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        # Of a union's per-branch errors, the one that got furthest says most: not a type
+        # mismatch, the deepest location.
+        errs = e.errors()
+        field = errs[0].get("loc", ())[:2] if errs else ()
+        same = [x for x in errs if tuple(x.get("loc", ()))[:2] == tuple(field)]
+        first = min(same, key=lambda x: (x.get("type", "").endswith("_type"), -len(x.get("loc", ())))) if same else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _UNION_TAG.search(str(p))]
         param = ".".join(loc) or None
         message = first.get("msg", "invalid request")
         if first.get("type") == "json_invalid":
@@ -75,7 +88,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
-        return error_response(e.status_code, str(e.detail))
+        return error_response(e.status_code, str(e.detail), headers=e.headers)
 
     @app.exception_handler(RequestFailed)
     @app.exception_handler(EngineDead)

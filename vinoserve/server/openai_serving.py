@@ -14,6 +14,7 @@ from vinoserve.engine.async_engine import AsyncLLMEngine, RequestStream
 from vinoserve.engine.outputs import RequestOutput
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.server.errors import APIError, bad_value, error_body, failure
+from vinoserve.server.limits import over_capacity
 from vinoserve.server.metrics import Metrics
 from vinoserve.server.protocol import ChatCompletionRequest, new_id, now
 
@@ -89,8 +90,7 @@ class OpenAIServing:
             except ValueError as e:
                 raise bad_value(e, "cache_eviction" if str(e).startswith("cache_eviction") else prompt_param) from e
         if self.max_queue is not None and self.engine.num_waiting + len(prompts) > self.max_queue:
-            raise APIError(503, f"the server is at capacity ({self.max_queue} requests waiting); retry later",
-                           code="overloaded")
+            raise over_capacity(self.max_queue)
         return [self.engine.submit(ids, params, cache_eviction=cache_eviction) for ids in prompts]
 
     # ---- engine streams
