@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field, replace
 
@@ -13,6 +12,7 @@ from vinoserve.cache.eviction import CacheEvictionConfig
 from vinoserve.cache.rotation import kernel_supports_rotation
 from vinoserve.cache.kv_cache import KVCache, num_blocks_for_bytes
 from vinoserve.engine.evictor import Evictor, SequenceEviction
+from vinoserve.engine.memory import available_memory_bytes
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.engine.outputs import RequestMetrics, RequestOutput
 from vinoserve.engine.text_output import TextOutput
@@ -26,7 +26,8 @@ from vinoserve.scheduler.sequence import Sequence, SequenceStatus
 
 _log = logging.getLogger(__name__)
 
-# Without --kv-cache-size, the cache takes this share of the memory available at start.
+# Without --kv-cache-size, the cache takes this share of the memory available at start (the
+# host's free memory, or what a container's cgroup limit leaves if that is less).
 DEFAULT_KV_MEMORY_FRACTION = 0.25
 
 
@@ -96,7 +97,7 @@ class LLMEngine:
         if self.config.kv_cache_size_gb is not None:
             budget = int(self.config.kv_cache_size_gb * 2**30)
         else:
-            budget = int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * DEFAULT_KV_MEMORY_FRACTION)
+            budget = int(available_memory_bytes() * DEFAULT_KV_MEMORY_FRACTION)
         # More blocks than every sequence at full context could use would be memory for nothing.
         per_seq = -(-self.model.config.max_context // paged.block_size)
         cap = self.config.scheduler.max_num_seqs * per_seq
