@@ -147,11 +147,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             from vinoserve.bench.cli import main as bench
 
-            bench(args)
+            return bench(args)
         elif args.command == "serve":
             from vinoserve.server.cli import serve
 
-            serve(args, _engine_config(args))
+            return serve(args, _engine_config(args))
         else:
             {"prepare": _prepare, "generate": _generate}[args.command](args)
     except (ModelLoadError, ValueError, FileNotFoundError) as e:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vinoserve.bench import engine_vs_genai
+from vinoserve.bench import engine_vs_genai, soak
 from vinoserve.bench.client import Target, run
 from vinoserve.bench.metrics import Goodput, summarize
 from vinoserve.bench.workloads import (multi_turn_workload, prefix_repetition_workload, random_workload,
@@ -23,6 +23,8 @@ def add_bench_parser(sub) -> None:
     _serve_arguments(serve)
     engine = kinds.add_parser("engine", help="vinoserve's engine vs openvino-genai's CB pipeline, offline")
     engine_vs_genai.add_arguments(engine)
+    soaker = kinds.add_parser("soak", help="mixed requests with random disconnects; fails on 5xx, leaks, tracebacks")
+    soak.add_arguments(soaker)
 
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -151,8 +153,11 @@ def plot(runs: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(args: argparse.Namespace) -> None:
+def main(args: argparse.Namespace) -> int:
+    if args.bench_command == "soak":
+        return soak.main(args)
     if args.bench_command == "engine":
         engine_vs_genai.main(args)
     else:
         bench_serve(args)
+    return 0

@@ -12,7 +12,7 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from vinoserve.engine.llm_engine import LLMEngine
@@ -20,6 +20,14 @@ from vinoserve.engine.outputs import RequestOutput
 from vinoserve.scheduler.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
+
+
+class RequestFailed(RuntimeError):
+    """This request's own handling raised; the engine goes on serving the others."""
+
+
+class EngineDead(RuntimeError):
+    """The step loop stopped on an error; no request can run until the process restarts."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,9 @@ class EngineSnapshot:
     num_rotated_blocks: int = 0
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # of those, found cached
+    # Tokens sampled for requests whose consumer had already left: the cost of aborting at the
+    # next step boundary (about one per disconnect); an abort that never lands makes it grow.
+    num_undelivered_tokens: int = 0
 
 
 class _Stream:
@@ -57,6 +68,7 @@ class _Stream:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self.closed = False  # set by the consumer when it leaves; read by the engine thread
 
     def put(self, item: RequestOutput | BaseException) -> None:
         try:
@@ -65,9 +77,43 @@ class _Stream:
             pass
 
 
+class RequestStream:
+    """One request's outputs as an async iterator. Closing it before the last output aborts the
+    request; close() is synchronous and idempotent, so cleanup paths can call it whether or not
+    iteration ever started (an async generator that never ran would run no `finally`)."""
+
+    def __init__(self, engine: AsyncLLMEngine, request_id: str, stream: _Stream) -> None:
+        self.engine, self.request_id, self._stream = engine, request_id, stream
+        self.done = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.done:
+            raise StopAsyncIteration
+        item = await self._stream.queue.get()
+        if isinstance(item, BaseException):
+            self.done = True
+            raise item
+        self.done = item.finished
+        return item
+
+    def close(self) -> None:
+        if not self.done:
+            self.done = True
+            self._stream.closed = True
+            self.engine.abort(self.request_id)
+
+    async def aclose(self) -> None:
+        self.close()
+
+
 class AsyncLLMEngine:
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, on_fatal: Callable[[BaseException], None] | None = None) -> None:
+        """`on_fatal` is called from the engine thread if the step loop dies."""
         self.engine = engine
+        self._on_fatal = on_fatal
         self._inbox: queue.SimpleQueue[AddRequest | Abort | None] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._ids = itertools.count()
@@ -76,6 +122,7 @@ class AsyncLLMEngine:
         self.stats = EngineSnapshot()
         self._lock = threading.Lock()
         self._unapplied = 0  # AddRequests not yet taken from the inbox
+        self._undelivered = 0
         self._thread.start()
 
     @property
@@ -96,35 +143,26 @@ class AsyncLLMEngine:
         return self._unapplied + self.stats.num_waiting
 
     def submit(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
-               cache_eviction: dict | None = None, fork_of: str | None = None) -> AsyncIterator[RequestOutput]:
+               cache_eviction: dict | None = None, fork_of: str | None = None) -> RequestStream:
         """Queue a request now (call on the event loop) and return its stream of outputs.
         Submitting is synchronous so that admission control can count it at once."""
         if not self.is_alive:
-            raise RuntimeError("the engine is not running") from self.error
+            raise EngineDead(f"the engine is not running: {self.error}") from self.error
         request_id = request_id or f"req-{next(self._ids)}"
         stream = _Stream(asyncio.get_running_loop())
         with self._lock:
             self._unapplied += 1
         self._inbox.put(AddRequest(request_id, prompt_token_ids, params, stream, cache_eviction, fork_of))
-        return self._outputs(request_id, stream)
+        return RequestStream(self, request_id, stream)
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
                        cache_eviction: dict | None = None) -> AsyncIterator[RequestOutput]:
-        async for out in self.submit(prompt_token_ids, params, request_id, cache_eviction):
-            yield out
-
-    async def _outputs(self, request_id: str, stream: _Stream) -> AsyncIterator[RequestOutput]:
-        finished = False
+        stream = self.submit(prompt_token_ids, params, request_id, cache_eviction)
         try:
-            while not finished:
-                item = await stream.queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.finished
-                yield item
+            async for out in stream:
+                yield out
         finally:
-            if not finished:
-                self.abort(request_id)
+            stream.close()
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(Abort(request_id))
@@ -139,11 +177,14 @@ class AsyncLLMEngine:
                 for out in self.engine.step():
                     self._deliver(out)
                 self._publish()
-        except BaseException as e:  # a bug in a step: fail every caller rather than hang them
+        except BaseException as e:  # a fault outside any one request: fail every caller rather than hang them
             log.exception("engine loop died")
             self.error = e
             for stream in self._streams.values():
-                stream.put(RuntimeError(f"engine failure: {e}"))
+                stream.put(EngineDead(f"engine failure: {type(e).__name__}: {e}"))
+            self._streams.clear()
+            if self._on_fatal is not None:
+                self._on_fatal(e)
 
     def _publish(self) -> None:
         sched, blocks = self.engine.scheduler, self.engine.blocks
@@ -155,6 +196,7 @@ class AsyncLLMEngine:
             num_rotated_blocks=ev.num_rotated_blocks if ev else 0,
             prefix_cache_queries=prefix.num_queried_tokens if (prefix := blocks.prefix) else 0,
             prefix_cache_hits=prefix.num_hit_tokens if prefix else 0,
+            num_undelivered_tokens=self._undelivered,
         )
 
     def _drain_inbox(self, block: bool) -> bool:
@@ -182,6 +224,11 @@ class AsyncLLMEngine:
         except ValueError as e:
             msg.stream.put(e)
             return
+        except Exception as e:  # noqa: BLE001 - a fault in adding one request fails only it
+            log.exception("adding request %s failed", msg.request_id)
+            self.engine.abort_request(msg.request_id)
+            msg.stream.put(RequestFailed(f"{type(e).__name__}: {e}"))
+            return
         self._streams[msg.request_id] = msg.stream
 
     def _deliver(self, out: RequestOutput) -> None:
@@ -190,4 +237,6 @@ class AsyncLLMEngine:
             return
         if out.finished:
             del self._streams[out.request_id]
-        stream.put(out)
+        if stream.closed:
+            self._undelivered += len(out.new_token_ids)
+        stream.put(RequestFailed(out.error) if out.error is not None else out)

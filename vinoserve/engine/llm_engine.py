@@ -1,7 +1,7 @@
 """The step loop: scheduler -> model runner -> sampler -> outputs."""
 from __future__ import annotations
 
-import os
+import logging
 import time
 from dataclasses import dataclass, field, replace
 
@@ -13,6 +13,7 @@ from vinoserve.cache.rotation import kernel_supports_rotation
 from vinoserve.cache.kv_cache import KVCache, num_blocks_for_bytes
 from vinoserve.cache.prefix_cache import salt_hash
 from vinoserve.engine.evictor import Evictor, SequenceEviction
+from vinoserve.engine.memory import available_memory_bytes
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.engine.outputs import RequestMetrics, RequestOutput
 from vinoserve.engine.text_output import TextOutput
@@ -24,7 +25,10 @@ from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.scheduler.scheduler import Scheduler, SchedulerConfig, ScheduledSequence
 from vinoserve.scheduler.sequence import Sequence, SequenceStatus
 
-# Without --kv-cache-size, the cache takes this share of the memory available at start.
+_log = logging.getLogger(__name__)
+
+# Without --kv-cache-size, the cache takes this share of the memory available at start (the
+# host's free memory, or what a container's cgroup limit leaves if that is less).
 DEFAULT_KV_MEMORY_FRACTION = 0.25
 
 
@@ -108,7 +112,7 @@ class LLMEngine:
         if self.config.kv_cache_size_gb is not None:
             budget = int(self.config.kv_cache_size_gb * 2**30)
         else:
-            budget = int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * DEFAULT_KV_MEMORY_FRACTION)
+            budget = int(available_memory_bytes() * DEFAULT_KV_MEMORY_FRACTION)
         # More blocks than every sequence at full context could use would be memory for nothing.
         per_seq = -(-self.model.config.max_context // paged.block_size)
         cap = self.config.scheduler.max_num_seqs * per_seq
@@ -229,9 +233,9 @@ class LLMEngine:
         if not sampled:
             return []
         rows = self._fork_choices(sampled, result.rows, now)
-        out = self.sampler.sample(rows, [r.sampling for r in sampled])
-        outputs = [self._append(r, int(out.token_ids[i]), float(out.logprobs[i]), out.top_logprobs[i])
-                   for i, r in enumerate(sampled)]
+        picks = self._sample(rows, sampled)
+        outputs = [self._fail(r, pick) if isinstance(pick, Exception) else self._append_or_fail(r, *pick)
+                   for r, pick in zip(sampled, picks)]
         for r in sampled:
             if r.eviction is not None and not r.seq.status.is_finished:
                 self.evictor.evict_if_full(r.seq, r.eviction)
@@ -269,6 +273,39 @@ class LLMEngine:
             if chunk.score_window and req.eviction is not None:
                 req.eviction.state.add([layer[offset:offset + n] for layer in scores])
             offset += n
+
+    def _sample(self, rows: np.ndarray, reqs: list[_Request]) -> list[tuple[int, float, list | None] | Exception]:
+        """One token per request. If the batch raises, each request is sampled alone, so only
+        the one whose sampling fails is failed (its seeded neighbours may draw anew this step)."""
+        try:
+            out = self.sampler.sample(rows, [r.sampling for r in reqs])
+            return [(int(out.token_ids[i]), float(out.logprobs[i]), out.top_logprobs[i]) for i in range(len(reqs))]
+        except Exception:  # noqa: BLE001 - isolated per request below
+            picks: list[tuple[int, float, list | None] | Exception] = []
+            for i, r in enumerate(reqs):
+                try:
+                    out = self.sampler.sample(rows[i:i + 1], [r.sampling])
+                    picks.append((int(out.token_ids[0]), float(out.logprobs[0]), out.top_logprobs[0]))
+                except Exception as e:  # noqa: BLE001
+                    picks.append(e)
+            return picks
+
+    def _append_or_fail(self, req: _Request, token: int, logprob: float, top) -> RequestOutput:
+        try:
+            return self._append(req, token, logprob, top)
+        except Exception as e:  # noqa: BLE001 - a fault in one request's output path fails only it
+            return self._fail(req, e)
+
+    def _fail(self, req: _Request, error: Exception) -> RequestOutput:
+        """Retire a request whose own handling raised; its blocks are freed, the others go on."""
+        _log.error("request %s failed: %r", req.seq.request_id, error, exc_info=error)
+        if not req.seq.status.is_finished:
+            self.scheduler.finish(req.seq, SequenceStatus.ABORTED, "error")
+        self._requests.pop(req.seq.request_id, None)
+        req.metrics.finished_time = time.monotonic()
+        out = self._output(req, [], "")
+        out.error = f"{type(error).__name__}: {error}"
+        return out
 
     def _append(self, req: _Request, token: int, logprob: float, top) -> RequestOutput:
         seq, params = req.seq, req.seq.params

@@ -25,6 +25,7 @@ class RequestOutput:
     new_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache, not computed
+    error: str | None = None  # set, with finish_reason "error", when this request's own handling failed
 
 
 @dataclass

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import secrets
 import threading
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,8 +17,9 @@ from fastapi.responses import JSONResponse, Response
 from vinoserve.engine.async_engine import AsyncLLMEngine
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.model.default_model import DEFAULT_MODEL
-from vinoserve.server import errors
+from vinoserve.server import errors, openapi
 from vinoserve.server.errors import APIError
+from vinoserve.server.limits import BodySizeLimit, Limits
 from vinoserve.server.metrics import Metrics
 from vinoserve.server.openai_serving import OpenAIServing, num_choices
 from vinoserve.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
@@ -32,6 +34,7 @@ class ServerConfig:
     served_model_name: str | None = None  # default: the model's directory name
     api_key: str | None = None
     max_queue: int | None = None
+    limits: Limits = field(default_factory=Limits)
 
 
 def default_model_name(model: str | None) -> str:
@@ -49,18 +52,31 @@ class _State:
         self.load_error: BaseException | None = None
 
     def ready(self) -> OpenAIServing:
+        if self.engine is not None and not self.engine.is_alive:
+            raise APIError(503, f"the engine stopped: {self.engine.error}; the server is exiting",
+                           code="engine_dead")
         if self.serving is None:
             message = f"model failed to load: {self.load_error}" if self.load_error else "the model is loading"
             raise APIError(503, message, code="model_not_ready")
         return self.serving
 
 
-def create_app(config: ServerConfig) -> FastAPI:
+# After the engine dies, /health answers 503 with the reason this long before the process exits
+# non-zero, so that probes and logs see why an orchestrator restarts it.
+FATAL_EXIT_DELAY_S = 2.0
+
+
+def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] | None = None) -> FastAPI:
+    """`on_fatal` (on the event loop) should stop the server with a non-zero status."""
     state = _State()
 
-    def load() -> None:
+    def load(loop: asyncio.AbstractEventLoop) -> None:
+        def fatal(e: BaseException) -> None:  # engine thread
+            if on_fatal is not None:
+                loop.call_soon_threadsafe(loop.call_later, FATAL_EXIT_DELAY_S, on_fatal, e)
+
         try:
-            engine = AsyncLLMEngine(LLMEngine(config.engine, log=log.info))
+            engine = AsyncLLMEngine(LLMEngine(config.engine, log=log.info), on_fatal=fatal)
             name = config.served_model_name or default_model_name(config.engine.model)
             metrics = Metrics(name)
             metrics.watch(engine)
@@ -73,13 +89,17 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
-        threading.Thread(target=load, name="vinoserve-load", daemon=True).start()
+        threading.Thread(target=load, args=(asyncio.get_running_loop(),), name="vinoserve-load",
+                         daemon=True).start()
         yield
         if state.engine is not None:
             await asyncio.to_thread(state.engine.shutdown)
 
     app = FastAPI(title="vinoserve", lifespan=lifespan)
     errors.install(app)
+    openapi.install(app)
+    app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_request_bytes)
+    limits = config.limits
 
     async def authorized(request: Request) -> None:
         if config.api_key is None:
@@ -96,7 +116,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     async def health() -> Response:
         if state.engine is not None and state.engine.is_alive:
             return Response(status_code=200)
-        reason = "engine stopped" if state.engine is not None else (
+        reason = f"engine stopped: {state.engine.error}" if state.engine is not None else (
             f"model failed to load: {state.load_error}" if state.load_error else "loading")
         return errors.error_response(503, reason)
 
@@ -116,9 +136,11 @@ def create_app(config: ServerConfig) -> FastAPI:
     async def completions(req: CompletionRequest, raw: Request) -> Response:
         serving = state.ready()
         serving.check_model(req.model)
+        limits.check_request(req)
         if req.echo:
             raise APIError(400, "echo is not supported", "echo")
         prompts = await asyncio.to_thread(serving.completion_prompts, req.prompt)  # big prompts take ms
+        limits.check_prompts(prompts, "prompt")
         k = req.logprobs
         params = serving.sampling_params(req, req.max_tokens if req.max_tokens is not None else 16,
                                          max(map(len, prompts)), k)
@@ -129,9 +151,11 @@ def create_app(config: ServerConfig) -> FastAPI:
     async def chat(req: ChatCompletionRequest, raw: Request) -> Response:
         serving = state.ready()
         serving.check_model(req.model)
+        limits.check_request(req)
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs requires logprobs: true", "top_logprobs")
         prompt = await asyncio.to_thread(serving.chat_prompt, req)
+        limits.check_prompts([prompt], "messages")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         params = serving.sampling_params(req, max_tokens, len(prompt),
                                          (req.top_logprobs or 0) if req.logprobs else None)

@@ -9,6 +9,7 @@ import uvicorn
 
 from vinoserve.engine.llm_engine import EngineConfig
 from vinoserve.server.app import ServerConfig, create_app
+from vinoserve.server.limits import Limits
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,18 +19,40 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", default=None, help="the model id clients use (default: model dir name)")
     p.add_argument("--max-num-seqs", type=int, default=256, help="sequences in one batch at most")
     p.add_argument("--max-num-batched-tokens", type=int, default=256, help="tokens in one step at most")
-    p.add_argument("--max-queue", type=int, default=None,
-                   help="reject with 503 when this many requests already wait (default: no limit)")
+    p.add_argument("--max-queue", type=int, default=1024,
+                   help="over capacity: answer 503 with Retry-After when this many requests already wait")
+    d = Limits()
+    p.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes,
+                   help="larger request bodies get 413 (default: 4 MiB)")
+    p.add_argument("--max-prompt-tokens", type=int, default=None,
+                   help="longer prompts get 400 (default: only the model's context length bounds them)")
+    p.add_argument("--max-stop-strings", type=int, default=d.max_stop_strings, help="more `stop` strings get 400")
+    p.add_argument("--max-n", type=int, default=d.max_n, help="a larger `n` gets 400")
+    p.add_argument("--max-logprobs", type=int, default=d.max_logprobs,
+                   help="more top logprobs per token get 400 (20 at most)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds SIGTERM waits for in-flight requests to finish")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
-def serve(args: argparse.Namespace, engine: EngineConfig) -> None:
+def serve(args: argparse.Namespace, engine: EngineConfig) -> int:
+    """Runs until stopped; the exit status is 1 if the engine died, else 0."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = ServerConfig(engine, args.served_model_name, args.api_key, args.max_queue)
+    limits = Limits(args.max_request_bytes, args.max_prompt_tokens, args.max_stop_strings, args.max_n,
+                    args.max_logprobs)
+    config = ServerConfig(engine, args.served_model_name, args.api_key, args.max_queue, limits)
     # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal under the handler
     # that was there before it; a no-op one makes a graceful stop exit 0, as orchestrators expect.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    uvicorn.Server(uvicorn.Config(create_app(config), host=args.host, port=args.port, log_level=args.log_level,
-                                  timeout_graceful_shutdown=args.shutdown_timeout)).run()
+    died: list[BaseException] = []
+
+    def stop(error: BaseException) -> None:
+        logging.getLogger("vinoserve").critical("the engine died (%s); exiting with status 1", error)
+        died.append(error)
+        server.should_exit = True
+
+    server = uvicorn.Server(uvicorn.Config(create_app(config, on_fatal=stop), host=args.host, port=args.port,
+                                           log_level=args.log_level,
+                                           timeout_graceful_shutdown=args.shutdown_timeout))
+    server.run()
+    return 1 if died else 0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import fields
 
 from fastapi import FastAPI, Request
@@ -9,18 +10,21 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from vinoserve.engine.async_engine import EngineDead, RequestFailed
 from vinoserve.scheduler.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable_error"}
+          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+          503: "service_unavailable_error"}
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
+        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
@@ -28,8 +32,9 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
                       "code": code}}
 
 
-def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param, code), status_code=status)
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
 _PARAMS = {f.name for f in fields(SamplingParams)}
@@ -42,16 +47,39 @@ def bad_value(e: ValueError, default_param: str | None = None) -> APIError:
     return APIError(400, message, first if first in _PARAMS else default_param)
 
 
+def failure(e: Exception) -> tuple[int, str, str | None]:
+    """Status, message and code for an error met while serving a request. Only what the client
+    caused is a 4xx; a fault of ours is a 500 that says which request failed, never a traceback."""
+    if isinstance(e, APIError):
+        return e.status, e.message, e.code
+    if isinstance(e, RequestFailed):
+        return 500, f"this request failed inside the server: {e}", "request_failed"
+    if isinstance(e, EngineDead):
+        return 500, str(e), "engine_dead"
+    log.error("unhandled error", exc_info=e)
+    return 500, "internal server error", None
+
+
+# Pydantic names the branch of a union it tried in the error's location ("constrained-str",
+# "list[int]"); the client only needs the field.
+_UNION_TAG = re.compile(r"^(str|int|float|bool|dict|list|none)$|[\[\]-]")
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api(_: Request, e: APIError) -> JSONResponse:
-        return error_response(e.status, e.message, e.param, e.code)
+        return error_response(e.status, e.message, e.param, e.code, e.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, e: RequestValidationError) -> JSONResponse:
         # Report the first problem in OpenAI's words; pydantic's own structure stays inside.
-        first = e.errors()[0] if e.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        # Of a union's per-branch errors, the one that got furthest says most: not a type
+        # mismatch, the deepest location.
+        errs = e.errors()
+        field = errs[0].get("loc", ())[:2] if errs else ()
+        same = [x for x in errs if tuple(x.get("loc", ()))[:2] == tuple(field)]
+        first = min(same, key=lambda x: (x.get("type", "").endswith("_type"), -len(x.get("loc", ())))) if same else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _UNION_TAG.search(str(p))]
         param = ".".join(loc) or None
         message = first.get("msg", "invalid request")
         if first.get("type") == "json_invalid":
@@ -60,9 +88,16 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
-        return error_response(e.status_code, str(e.detail))
+        return error_response(e.status_code, str(e.detail), headers=e.headers)
+
+    @app.exception_handler(RequestFailed)
+    @app.exception_handler(EngineDead)
+    async def _failed(_: Request, e: Exception) -> JSONResponse:
+        # Registered by class, so Starlette answers without re-raising: the engine logged it.
+        status, message, code = failure(e)
+        return error_response(status, message, code=code)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, e: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return error_response(500, "internal server error")
+        status, message, code = failure(e)
+        return error_response(status, message, code=code)

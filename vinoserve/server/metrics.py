@@ -36,6 +36,9 @@ class _EngineGauges:
              stats.prefix_cache_queries),
             (CounterMetricFamily, "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
              stats.prefix_cache_hits),
+            (CounterMetricFamily, "vinoserve:undelivered_tokens",
+             "Tokens generated after their client had left (an abort lands at the next step).",
+             stats.num_undelivered_tokens),
         ]:
             metric = family(name, doc, labels=["model_name"])
             metric.add_metric([self.model], value)

@@ -10,10 +10,11 @@ from dataclasses import dataclass, replace
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from vinoserve.engine.async_engine import AsyncLLMEngine
+from vinoserve.engine.async_engine import AsyncLLMEngine, RequestStream
 from vinoserve.engine.outputs import RequestOutput
 from vinoserve.scheduler.sampling_params import SamplingParams
-from vinoserve.server.errors import APIError, bad_value
+from vinoserve.server.errors import APIError, bad_value, error_body, failure
+from vinoserve.server.limits import over_capacity
 from vinoserve.server.metrics import Metrics
 from vinoserve.server.protocol import ChatCompletionRequest, new_id, now
 
@@ -90,7 +91,7 @@ class OpenAIServing:
             raise bad_value(e) from e
 
     def admit(self, prompts: list[list[int]], params: SamplingParams, prompt_param: str,
-              cache_eviction: dict | None = None, n: int = 1) -> list[AsyncIterator[RequestOutput]]:
+              cache_eviction: dict | None = None, n: int = 1) -> list[RequestStream]:
         """Validate, apply --max-queue, and submit: all before the handler next awaits, so
         concurrent requests cannot all slip under the limit. n choices per prompt, in order."""
         for ids in prompts:
@@ -99,50 +100,43 @@ class OpenAIServing:
             except ValueError as e:
                 raise bad_value(e, "cache_eviction" if str(e).startswith("cache_eviction") else prompt_param) from e
         if self.max_queue is not None and self.engine.num_waiting + len(prompts) * n > self.max_queue:
-            raise APIError(503, f"the server is at capacity ({self.max_queue} requests waiting); retry later",
-                           code="overloaded")
+            raise over_capacity(self.max_queue)
         if n == 1:
-            return [self._stream(len(ids), self.engine.submit(ids, params, cache_eviction=cache_eviction))
-                    for ids in prompts]
+            return [self.engine.submit(ids, params, cache_eviction=cache_eviction) for ids in prompts]
         return [stream for ids in prompts for stream in self._choices(ids, params, cache_eviction, n)]
 
     def _choices(self, ids: list[int], params: SamplingParams, cache_eviction: dict | None,
-                 n: int) -> list[AsyncIterator[RequestOutput]]:
+                 n: int) -> list[RequestStream]:
         """n choices of one prompt: the first computes the prompt, the others fork from it (its
         KV, its logits) and sample on their own; a seed gives each choice seed + index."""
         group = new_id("req")
-        streams = []
-        for i in range(n):
-            choice = replace(params, seed=None if params.seed is None else params.seed + i)
-            outputs = self.engine.submit(ids, choice, f"{group}-{i}", cache_eviction, fork_of=f"{group}-0" if i else None)
-            streams.append(self._stream(len(ids) if i == 0 else 0, outputs))  # the prompt counts once
-        return streams
+        return [self.engine.submit(ids, replace(params, seed=None if params.seed is None else params.seed + i),
+                                   f"{group}-{i}", cache_eviction, fork_of=f"{group}-0" if i else None)
+                for i in range(n)]
 
     # ---- engine streams
-    async def _stream(self, prompt_tokens: int, outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
-        """The engine's outputs for one prompt, with per-token and per-request metrics."""
-        last = None
-        async for out in outputs:
-            t = time.monotonic()
-            for _ in out.new_token_ids:
-                self.metrics.token(None if last is None else t - last)
-                last = t
-            if out.finished and out.metrics:
-                self.metrics.finished(prompt_tokens, out.metrics)
-            yield out
-
-    @staticmethod
-    async def _merged(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """Outputs of all prompts as they come, tagged with the prompt's index. Closing it (a
-        client gone, a cancelled task) closes every stream, which aborts unfinished requests."""
+    async def _merged(self, prompts: list[list[int]], streams: list[RequestStream]
+                      ) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Outputs of all streams (n per prompt) as they come, tagged with the stream's index, with
+        per-token and per-request metrics. Leaving it early (a client gone, a cancelled task) waits
+        for its pumps to stop and closes every stream, which aborts unfinished requests."""
+        n = len(streams) // len(prompts)
         queue: asyncio.Queue = asyncio.Queue()
 
-        async def pump(i: int, stream: AsyncIterator[RequestOutput]) -> None:
+        async def pump(i: int, stream: RequestStream) -> None:
+            last = None
             try:
                 async for out in stream:
-                    await queue.put((i, out))
+                    t = time.monotonic()
+                    for _ in out.new_token_ids:
+                        self.metrics.token(None if last is None else t - last)
+                        last = t
+                    if out.finished and out.metrics:
+                        # the prompt counts once, for its first choice
+                        self.metrics.finished(0 if i % n else len(prompts[i // n]), out.metrics)
+                    queue.put_nowait((i, out))
             except Exception as e:  # noqa: BLE001 - surfaced to the consumer below
-                await queue.put((i, e))
+                queue.put_nowait((i, e))
 
         tasks = [asyncio.create_task(pump(i, st)) for i, st in enumerate(streams)]
         try:
@@ -156,8 +150,9 @@ class OpenAIServing:
         finally:
             for t in tasks:
                 t.cancel()
-            for stream in streams:
-                await stream.aclose()
+            # Closing a stream a pump is still awaiting would race it; let the pumps unwind first.
+            await asyncio.gather(*tasks, return_exceptions=True)
+            close_all(streams)
 
     # ---- responses
     async def respond(self, raw: Request, req, prompts: list[list[int]], streams, chat: bool):
@@ -165,17 +160,18 @@ class OpenAIServing:
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             events = self._sse(rid, prompts, streams, chat, include_usage, req.n)
-            return StreamingResponse(events, media_type="text/event-stream")
+            return _ClosingStreamingResponse(events, streams, media_type="text/event-stream")
         best_of = num_choices(req)
         # With best_of > n the logprobs were computed to rank the choices; shown only if asked for.
         shown = best_of == req.n or req.logprobs is not None
-        return await _unless_disconnected(raw, self._complete(rid, prompts, streams, chat, best_of, req.n, shown))
+        return await _unless_disconnected(raw, self._complete(rid, prompts, streams, chat, best_of, req.n, shown),
+                                          streams)
 
     async def _complete(self, rid: str, prompts, streams, chat: bool, n: int = 1, keep: int | None = None,
                         keep_logprobs: bool = True) -> JSONResponse:
         """n choices per prompt came back; `keep` of them (the most likely first) are returned."""
         choices = [_Choice(i) for i in range(len(streams))]
-        async for i, out in self._merged(streams):
+        async for i, out in self._merged(prompts, streams):
             c = choices[i]
             c.text += out.new_text
             c.tokens = out.num_output_tokens
@@ -218,7 +214,7 @@ class OpenAIServing:
                               "finish_reason": None}])
         tokens, cached = [0] * len(streams), [0] * len(streams)
         try:
-            async for i, out in self._merged(streams):
+            async for i, out in self._merged(prompts, streams):
                 tokens[i], cached[i] = out.num_output_tokens, out.num_cached_tokens
                 # One chunk per token, even one that completes no character yet: clients can
                 # time every token (ITL), and the text stays whole-character.
@@ -230,8 +226,9 @@ class OpenAIServing:
                     choice = {"index": i, "text": out.new_text, "logprobs": _legacy_logprobs(lp)}
                 choice["finish_reason"] = out.finish_reason if out.finished else None
                 yield event([choice])
-        except (APIError, ValueError, RuntimeError) as e:
-            yield f"data: {json.dumps({'error': {'message': str(e), 'type': 'server_error'}})}\n\n"
+        except Exception as e:  # noqa: BLE001 - the status line is sent; the error goes in the stream
+            status, message, code = failure(e)
+            yield f"data: {json.dumps(error_body(status, message, code=code))}\n\n"
             return
         if include_usage:
             yield event([], _usage(sum(len(p) for p in prompts), sum(tokens), sum(cached[::n])))
@@ -286,8 +283,30 @@ def _usage(prompt: int, completion: int, cached: int = 0) -> dict:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-async def _unless_disconnected(raw: Request, work) -> Response:
-    """Runs `work`; if the client goes away first, cancels it (its requests abort, blocks free)."""
+def close_all(streams: list[RequestStream]) -> None:
+    for stream in streams:
+        stream.close()
+
+
+class _ClosingStreamingResponse(StreamingResponse):
+    """Starlette stops a stream on disconnect by cancelling it wherever it waits, possibly before
+    the body iterator ever ran; closing the engine streams here aborts their requests either way."""
+
+    def __init__(self, content: AsyncIterator[str], streams: list[RequestStream], **kwargs) -> None:
+        super().__init__(content, **kwargs)
+        self._streams = streams
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            close_all(self._streams)
+            await self.body_iterator.aclose()
+
+
+async def _unless_disconnected(raw: Request, work, streams: list[RequestStream]) -> Response:
+    """Runs `work`; if the client goes away first, cancels it (its requests abort, blocks free).
+    Either way both tasks are awaited here, so no task is left with an unretrieved exception."""
     task = asyncio.ensure_future(work)
 
     async def disconnected() -> None:
@@ -298,8 +317,10 @@ async def _unless_disconnected(raw: Request, work) -> Response:
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        watcher.cancel()
-    if not task.done():
-        task.cancel()
+        for t in (task, watcher):
+            t.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+        close_all(streams)
+    if task.cancelled():
         return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
     return task.result()

@@ -3,80 +3,99 @@ from __future__ import annotations
 
 import time
 import uuid
-from pydantic import BaseModel, ConfigDict
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from vinoserve.scheduler.sampling_params import MAX_LOGPROBS
 
 
 class _Request(BaseModel):
-    # Unknown fields are ignored, as OpenAI does; clients send extras freely.
-    model_config = ConfigDict(extra="ignore")
+    # Unknown fields are ignored, as OpenAI does; clients send extras freely. Strict: a JSON
+    # `true` is not a token id and "5" is not a count; what the schema says is what is accepted.
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class StreamOptions(_Request):
     include_usage: bool = False
 
 
+def _whole(value: object) -> object:
+    """JSON Schema's integer includes 5.0; strict validation alone would refuse it."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Int = Annotated[int, BeforeValidator(_whole)]
+TokenId = Annotated[Int, Field(ge=0)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+NonEmptyText = Annotated[str, Field(min_length=1)]
+
+
 class _Sampling(_Request):
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int = 1
+    max_tokens: Int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    n: Int = Field(1, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: int | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    seed: Int | None = None
     user: str | None = None
     # vLLM's extensions
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    stop_token_ids: list[int] | None = None
+    top_k: Int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
-    min_tokens: int = 0
+    min_tokens: Int = Field(0, ge=0)
     # vinoserve's extension: override the server's --cache-eviction settings for this request,
     # e.g. {"max_cache_size": 256} or {"enabled": false}
     cache_eviction: dict | None = None
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = None  # top-k alternatives per token, 0..5
+    prompt: NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)] | TokenIds | Annotated[
+        list[TokenIds], Field(min_length=1)]
+    logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # top-k alternatives per token
     echo: bool = False
     best_of: int | None = None  # generate this many per prompt, return the n most likely
 
 
 class ContentPart(_Request):
-    type: str
-    text: str | None = None
+    type: Literal["text"]  # a text model: an image part would be ignored, so it is refused
+    text: str
 
 
 class ChatMessage(_Request):
-    role: str
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
 
 
 class ChatCompletionRequest(_Sampling):
-    messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
 
 
 class TokenizeRequest(_Request):
+    # Exactly one of prompt and messages; neither may be null.
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}]})
     model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    prompt: str = None  # type: ignore[assignment]
+    messages: list[ChatMessage] = Field(None, min_length=1)  # type: ignore[assignment]
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
 
 class DetokenizeRequest(_Request):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 def new_id(prefix: str) -> str:
