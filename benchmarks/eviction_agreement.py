@@ -15,7 +15,7 @@ import argparse
 import numpy as np
 import openvino as ov
 
-from eviction_quality import text_windows
+from vinoserve.bench.perplexity import text_windows
 from vinoserve.cache.eviction import CacheEvictionConfig
 from vinoserve.engine.llm import LLM
 from vinoserve.engine.llm_engine import EngineConfig

@@ -1,17 +1,22 @@
 """vinoserve's engine vs openvino-genai's C++ ContinuousBatchingPipeline, back to back.
 
 Same converted model directory, same token-id prompts (real English text), same scheduler budget,
-greedy with ignore_eos, the device's default precisions. Prints generated tok/s of both and their
-ratio, vinoserve's mean step time and the Python share of it (time outside infer()).
+greedy with ignore_eos, the device's default precisions unless --inference-precision /
+--kv-cache-precision set them (for both engines). Prints generated tok/s of both and their ratio,
+each engine's effective inference precision and KV cache type, vinoserve's mean step time and the
+Python share of it (time outside infer()).
 
     vinoserve bench engine                          # SmolLM2, 64 x (256 in, 128 out)
     vinoserve bench engine --model qwen2-0.5b-random --prompts 16 --input-len 128
+    vinoserve bench engine --prompts 1 --kv-cache-precision bf16
 """
 from __future__ import annotations
 
 import argparse
 import math
 import os
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,6 +26,7 @@ from vinoserve.bench.workloads import stdlib_english
 from vinoserve.engine.llm import LLM
 from vinoserve.engine.llm_engine import EngineConfig
 from vinoserve.model.loader import resolve_model_dir
+from vinoserve.model.paged import KV_PRECISIONS, PRECISIONS, CompileOptions
 from vinoserve.model.storage import cache_root
 from vinoserve.model.tokenizer import Tokenizer
 from vinoserve.scheduler.sampling_params import SamplingParams
@@ -84,8 +90,9 @@ def random_qwen2_gguf(path: Path, s: dict) -> Path:
     return path
 
 
-def run_vinoserve(model_dir: Path, prompts, out_len: int, blocks: int, budget: int) -> dict:
-    cfg = EngineConfig(model=str(model_dir), num_kv_blocks=blocks,
+def run_vinoserve(model_dir: Path, prompts, out_len: int, blocks: int, budget: int,
+                  precision: CompileOptions) -> dict:
+    cfg = EngineConfig(model=str(model_dir), num_kv_blocks=blocks, compile=precision,
                        scheduler=SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=budget))
     llm = LLM(cfg, log=lambda m: None)
     params = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
@@ -101,17 +108,50 @@ def run_vinoserve(model_dir: Path, prompts, out_len: int, blocks: int, budget: i
     python_s = step_s - (runner.infer_seconds - infer_s0)
     return dict(seconds=elapsed, tok_s=len(prompts) * out_len / elapsed, steps=steps,
                 step_ms=1e3 * step_s / steps, python_ms=1e3 * python_s / steps,
-                precision=engine.model.paged.inference_precision,
-                kv=engine.model.paged.layout.key_type.get_type_name())
+                precision=engine.model.paged.inference_precision, kv=_kv_name(engine.model.paged.layout))
 
 
-def run_genai(model_dir: Path, prompts, out_len: int, blocks: int, budget: int) -> dict:
+def _kv_name(layout) -> str:
+    k, v = layout.key_type.get_type_name(), layout.value_type.get_type_name()
+    return k if k == v else f"{k} key / {v} value"
+
+
+def _genai_pipeline(model_dir: Path, sched, properties: dict):
+    """The pipeline, and the properties its compiled LLM reports. genai exposes no compiled model;
+    with OPENVINO_LOG_LEVEL above WARNING its constructor prints each compiled model's effective
+    properties to stdout, which is captured here at the file-descriptor level."""
+    import openvino_genai as genai
+
+    sys.stdout.flush()
+    saved_fd, saved_level = os.dup(1), os.environ.get("OPENVINO_LOG_LEVEL")
+    os.environ["OPENVINO_LOG_LEVEL"] = "3"
+    with tempfile.TemporaryFile(mode="w+") as out:
+        os.dup2(out.fileno(), 1)
+        try:
+            pipe = genai.ContinuousBatchingPipeline(str(model_dir), sched, "CPU", properties)
+        finally:
+            os.dup2(saved_fd, 1)
+            os.close(saved_fd)
+            if saved_level is None:
+                del os.environ["OPENVINO_LOG_LEVEL"]
+            else:
+                os.environ["OPENVINO_LOG_LEVEL"] = saved_level
+        out.seek(0)
+        printed = out.read()
+    llm = printed.split("Model: LLM with Paged Attention", 1)[-1]
+    pairs = (line.strip().partition(": ") for line in llm.splitlines() if line.startswith("  "))
+    return pipe, {key: value for key, sep, value in pairs if sep}
+
+
+def run_genai(model_dir: Path, prompts, out_len: int, blocks: int, budget: int,
+              precision: CompileOptions) -> dict:
     import openvino as ov
     import openvino_genai as genai
 
     sched = genai.SchedulerConfig()
     sched.num_kv_blocks, sched.max_num_batched_tokens, sched.max_num_seqs = blocks, budget, 256
-    pipe = genai.ContinuousBatchingPipeline(str(model_dir), sched, "CPU", {})
+    properties = {k: v for k, v in precision.properties().items() if k != "NUM_STREAMS"}
+    pipe, effective = _genai_pipeline(model_dir, sched, properties)
     cfg = genai.GenerationConfig()
     cfg.max_new_tokens, cfg.ignore_eos, cfg.do_sample = out_len, True, False
     tensors = [ov.Tensor(np.array([p], dtype=np.int64)) for p in prompts]
@@ -122,7 +162,9 @@ def run_genai(model_dir: Path, prompts, out_len: int, blocks: int, budget: int) 
     results = pipe.generate(tensors, [cfg] * len(tensors))
     elapsed = time.perf_counter() - start
     assert all(len(r.m_generation_ids[0]) == out_len for r in results)
-    return dict(seconds=elapsed, tok_s=len(prompts) * out_len / elapsed)
+    k, v = effective.get("KEY_CACHE_PRECISION", "?"), effective.get("VALUE_CACHE_PRECISION", "?")
+    return dict(seconds=elapsed, tok_s=len(prompts) * out_len / elapsed,
+                precision=effective.get("INFERENCE_PRECISION_HINT", "?"), kv=k if k == v else f"{k} key / {v} value")
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -134,6 +176,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--max-num-batched-tokens", type=int, default=256)
     ap.add_argument("--only", choices=("vinoserve", "genai"), default=None)
+    ap.add_argument("--inference-precision", choices=PRECISIONS, default=None,
+                    help="for both engines (default: the plugin's choice for this CPU)")
+    ap.add_argument("--kv-cache-precision", choices=KV_PRECISIONS, default=None,
+                    help="for both engines (default: the plugin's choice for this CPU)")
 
 
 def main(args: argparse.Namespace) -> None:
@@ -154,15 +200,18 @@ def main(args: argparse.Namespace) -> None:
 
     print(f"model {model_dir.name}: {args.prompts} prompts x ({args.input_len} in, {args.output_len} out), "
           f"max_num_batched_tokens {args.max_num_batched_tokens}, {os.cpu_count()} CPUs")
+    precision = CompileOptions(inference_precision=args.inference_precision,
+                               kv_cache_precision=args.kv_cache_precision)
     ours = theirs = None
     if args.only != "genai":
-        ours = run_vinoserve(model_dir, prompts, args.output_len, blocks, args.max_num_batched_tokens)
+        ours = run_vinoserve(model_dir, prompts, args.output_len, blocks, args.max_num_batched_tokens, precision)
         print(f"vinoserve      {ours['tok_s']:8.1f} generated tok/s  ({ours['seconds']:.2f} s, {ours['steps']} steps, "
               f"mean step {ours['step_ms']:.1f} ms, Python outside infer {ours['python_ms']:.2f} ms/step, "
               f"{ours['precision']} inference, {ours['kv']} KV)")
     if args.only != "vinoserve":
-        theirs = run_genai(model_dir, prompts, args.output_len, blocks, args.max_num_batched_tokens)
-        print(f"openvino-genai {theirs['tok_s']:8.1f} generated tok/s  ({theirs['seconds']:.2f} s)")
+        theirs = run_genai(model_dir, prompts, args.output_len, blocks, args.max_num_batched_tokens, precision)
+        print(f"openvino-genai {theirs['tok_s']:8.1f} generated tok/s  ({theirs['seconds']:.2f} s, "
+              f"{theirs['precision']} inference, {theirs['kv']} KV)")
     if ours and theirs:
         print(f"ratio vinoserve / genai: {ours['tok_s'] / theirs['tok_s']:.3f}")
 

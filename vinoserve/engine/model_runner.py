@@ -50,6 +50,7 @@ class ModelRunner:
         self._num_layers = model.config.num_layers
         self._has_scores = model.options.score_outputs
         self._has_rotation = model.options.cache_rotation
+        self._per_layer_tables = model.options.per_layer_block_tables
         self.infer_seconds = 0.0  # inside OpenVINO; the rest of a step is our Python
 
     def step(self, chunks: Sequence[ScheduledChunk], rotation: KernelRotation | None = None) -> StepResult:
@@ -99,6 +100,10 @@ class ModelRunner:
         begins = np.zeros(len(chunks) + 1, dtype=np.int32)
         np.cumsum(counts, out=begins[1:])
         inputs["block_indices_begins"] = begins
+        if not self._per_layer_tables:
+            assert all(len(c.block_tables) == 1 for c in chunks), "per-layer tables need an evicting model"
+            inputs["block_indices"] = np.concatenate([np.asarray(c.block_tables[0], dtype=np.int32) for c in chunks])
+            return
         if all(len(c.block_tables) == 1 for c in chunks):
             shared = np.concatenate([np.asarray(c.block_tables[0], dtype=np.int32) for c in chunks])
             for layer in range(self._num_layers):

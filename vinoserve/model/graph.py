@@ -71,11 +71,19 @@ def _linear(x: ov.Output, w: ov.Output, bias: np.ndarray | None = None) -> ov.Ou
     return (y if bias is None else ops.add(y, _const(bias, np.float32))).output(0)
 
 
+# Slices end at INT32_MAX, the half is negated by a Multiply with -1 and concatenated on axis -1:
+# the form torch exports take, which OpenVINO's RoPE fusion (RoPEFusionGPTNEOX) recognises. The
+# fused op matters for accuracy, not only speed: on a bf16 CPU the plugin then marks the cos/sin
+# subgraph f32 (MarkRopeInputsToKeepInMixedPrecision); unfused, position * inv_freq is computed
+# in bf16, whose 8-bit mantissa cannot even hold the position above 256.
+_END = np.iinfo(np.int32).max
+
+
 def _rotate_half(x: ov.Output, rope_dim: int) -> ov.Output:
     half = rope_dim // 2
     x1 = ops.slice(x, _const([0]), _const([half]), _const([1]), _const([3]))
-    x2 = ops.slice(x, _const([half]), _const([rope_dim]), _const([1]), _const([3]))
-    return ops.concat([ops.negative(x2), x1], axis=3).output(0)
+    x2 = ops.slice(x, _const([half]), _const([_END]), _const([1]), _const([3]))
+    return ops.concat([ops.multiply(x2, _const(-1.0, np.float32)), x1], axis=-1).output(0)
 
 
 def _apply_rope(x: ov.Output, cos: ov.Output, sin: ov.Output, rope_dim: int, head_size: int) -> ov.Output:
@@ -83,9 +91,9 @@ def _apply_rope(x: ov.Output, cos: ov.Output, sin: ov.Output, rope_dim: int, hea
     if rope_dim == head_size:
         return ops.add(ops.multiply(x, cos), ops.multiply(_rotate_half(x, rope_dim), sin)).output(0)
     rot = ops.slice(x, _const([0]), _const([rope_dim]), _const([1]), _const([3]))
-    rest = ops.slice(x, _const([rope_dim]), _const([head_size]), _const([1]), _const([3]))
+    rest = ops.slice(x, _const([rope_dim]), _const([_END]), _const([1]), _const([3]))
     rotated = ops.add(ops.multiply(rot, cos), ops.multiply(_rotate_half(rot, rope_dim), sin))
-    return ops.concat([rotated, rest], axis=3).output(0)
+    return ops.concat([rotated, rest], axis=-1).output(0)
 
 
 def _heads(x: ov.Output, n: int, head_size: int) -> ov.Output:

@@ -35,6 +35,12 @@ class CompileOptions:
         if self.kv_cache_precision not in (None, *KV_PRECISIONS):
             raise ValueError(f"KV cache precision {self.kv_cache_precision!r}; one of {', '.join(KV_PRECISIONS)}")
 
+    @property
+    def per_layer_block_tables(self) -> bool:
+        """One block_indices input per layer: only eviction gives layers different tables (and
+        eviction is what asks for scores). Otherwise one shared input, as genai compiles it."""
+        return self.score_outputs
+
     def properties(self) -> dict[str, str]:
         props = {"NUM_STREAMS": "1"}  # one step at a time; let the op use all threads
         if self.inference_precision:
@@ -84,10 +90,11 @@ class PagedModel:
 
 
 def to_paged(model: ov.Model, options: CompileOptions) -> ov.Model:
-    """In place: SDPA + KV state -> PagedAttention with per-layer block tables, plus a row gather
-    before the LM head so a step computes logits only for the tokens it samples."""
+    """In place: SDPA + KV state -> PagedAttention (block tables per layer or shared, see
+    CompileOptions), plus a row gather before the LM head so a step computes logits only for the
+    tokens it samples."""
     paged_attention_transformation(
-        model, True, options.score_outputs, options.score_outputs, options.cache_rotation,
+        model, options.per_layer_block_tables, options.score_outputs, options.score_outputs, options.cache_rotation,
         False, False, False,
     )
     head = next(n for n in model.get_ordered_ops() if n.get_friendly_name() == "lm_head")
