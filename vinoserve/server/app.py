@@ -16,6 +16,8 @@ from fastapi.responses import JSONResponse, Response
 from vinoserve.engine.async_engine import AsyncLLMEngine
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.model.default_model import DEFAULT_MODEL
+from vinoserve.model.generation_config import load_generation_defaults
+from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.server import errors
 from vinoserve.server.errors import APIError
 from vinoserve.server.metrics import Metrics
@@ -32,6 +34,8 @@ class ServerConfig:
     served_model_name: str | None = None  # default: the model's directory name
     api_key: str | None = None
     max_queue: int | None = None
+    generation_config: str = "auto"  # auto: the model's sampling defaults; vinoserve: OpenAI's; or a dir
+    override_generation_config: dict | None = None
 
 
 def default_model_name(model: str | None) -> str:
@@ -60,12 +64,16 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     def load() -> None:
         try:
+            defaults = load_generation_defaults(config.generation_config, config.engine.model,
+                                                config.override_generation_config)
+            SamplingParams(**defaults.values())  # a bad default fails here, not as a 400 on every request
             engine = AsyncLLMEngine(LLMEngine(config.engine, log=log.info))
             name = config.served_model_name or default_model_name(config.engine.model)
             metrics = Metrics(name)
             metrics.watch(engine)
             state.engine = engine
-            state.serving = OpenAIServing(engine, name, metrics, config.max_queue)
+            state.serving = OpenAIServing(engine, name, metrics, config.max_queue, defaults)
+            log.info("sampling defaults for fields a request leaves out: %s", defaults.describe())
             log.info("serving %s", name)
         except BaseException as e:  # surfaced by /health and every endpoint
             log.exception("model failed to load")
@@ -109,7 +117,8 @@ def create_app(config: ServerConfig) -> FastAPI:
     async def models() -> JSONResponse:
         serving = state.ready()
         card = {"id": serving.model_name, "object": "model", "created": now(), "owned_by": "vinoserve",
-                "max_model_len": serving.engine.engine.max_context}
+                "max_model_len": serving.engine.engine.max_context,
+                "sampling_defaults": serving.generation_defaults.values()}
         return JSONResponse({"object": "list", "data": [card]})
 
     @app.post("/v1/completions", dependencies=auth)

@@ -27,7 +27,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 def serve(args: argparse.Namespace, engine: EngineConfig) -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = ServerConfig(engine, args.served_model_name, args.api_key, args.max_queue)
+    config = ServerConfig(engine, args.served_model_name, args.api_key, args.max_queue,
+                          generation_config=args.generation_config,
+                          override_generation_config=args.override_generation_config)
     # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal under the handler
     # that was there before it; a no-op one makes a graceful stop exit 0, as orchestrators expect.
     signal.signal(signal.SIGTERM, lambda *_: None)

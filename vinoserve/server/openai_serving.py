@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from vinoserve.engine.async_engine import AsyncLLMEngine
 from vinoserve.engine.outputs import RequestOutput
+from vinoserve.model.generation_config import GenerationDefaults
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.server.errors import APIError, bad_value
 from vinoserve.server.metrics import Metrics
@@ -31,8 +32,10 @@ class _Choice:
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLMEngine, model_name: str, metrics: Metrics, max_queue: int | None) -> None:
+    def __init__(self, engine: AsyncLLMEngine, model_name: str, metrics: Metrics, max_queue: int | None,
+                 generation_defaults: GenerationDefaults = GenerationDefaults()) -> None:
         self.engine, self.model_name, self.metrics, self.max_queue = engine, model_name, metrics, max_queue
+        self.generation_defaults = generation_defaults
         self.tokenizer = engine.engine.tokenizer
 
     # ---- request -> prompts and params
@@ -64,14 +67,16 @@ class OpenAIServing:
         if req.n != 1:
             raise APIError(400, "n > 1 is not supported yet; send n separate requests", "n")
         stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
-        defaults = SamplingParams()
+        base, model = SamplingParams(), self.generation_defaults
+        remaining = max(1, self.engine.engine.max_context - prompt_len)
         try:
             return SamplingParams(
-                max_tokens=max_tokens if max_tokens is not None else max(1, self.engine.engine.max_context - prompt_len),
-                temperature=defaults.temperature if req.temperature is None else req.temperature,
-                top_p=defaults.top_p if req.top_p is None else req.top_p,
-                top_k=req.top_k or 0, min_p=req.min_p or 0.0,
-                repetition_penalty=req.repetition_penalty or 1.0,
+                max_tokens=max_tokens if max_tokens is not None else min(model.max_tokens or remaining, remaining),
+                temperature=_first(req.temperature, model.temperature, base.temperature),
+                top_p=_first(req.top_p, model.top_p, base.top_p),
+                top_k=_first(req.top_k, model.top_k, base.top_k),
+                min_p=_first(req.min_p, model.min_p, base.min_p),
+                repetition_penalty=_first(req.repetition_penalty, model.repetition_penalty, base.repetition_penalty),
                 presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
                 seed=req.seed, stop=tuple(stop), stop_token_ids=tuple(req.stop_token_ids or ()),
                 ignore_eos=req.ignore_eos, min_tokens=req.min_tokens, logprobs=logprobs,
@@ -100,11 +105,13 @@ class OpenAIServing:
         last = None
         async for out in outputs:
             t = time.monotonic()
+            if last is None and out.new_token_ids:  # the prompt has just been computed
+                self.metrics.prefilled(len(ids), out.metrics)
             for _ in out.new_token_ids:
                 self.metrics.token(None if last is None else t - last)
                 last = t
             if out.finished and out.metrics:
-                self.metrics.finished(len(ids), out.metrics)
+                self.metrics.finished(out.metrics)
             yield out
 
     @staticmethod
@@ -228,6 +235,11 @@ def _legacy_logprobs(entries: list[dict] | None) -> dict | None:
     return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
             "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
             "text_offset": offsets}
+
+
+def _first(*values):
+    """The request's value, else the model's default, else OpenAI's."""
+    return next(v for v in values if v is not None)
 
 
 def _usage(prompt: int, completion: int) -> dict:
