@@ -74,10 +74,17 @@ def build_parser() -> argparse.ArgumentParser:
     _compile_args(srv)
     _generation_args(srv)
     add_serve_arguments(srv)
+    from vinoserve.chat import add_chat_arguments
+
+    chat = sub.add_parser("chat", help="chat in the terminal, with a model run here or any OpenAI server (--url)")
+    _model_args(chat)
+    _compile_args(chat)
+    _generation_args(chat)
+    add_chat_arguments(chat)
     from vinoserve.bench.cli import add_bench_parser
 
     add_bench_parser(sub)
-    for p in (prepare, gen, srv):
+    for p in (prepare, gen, srv, chat):
         _defaults_from_environment(p)
     return parser
 
@@ -165,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
             from vinoserve.server.cli import serve
 
             serve(args, _engine_config(args))
+        elif args.command == "chat":
+            from vinoserve.chat import run
+
+            return run(args, None if args.url else _engine_config(args))
         else:
             {"prepare": _prepare, "generate": _generate}[args.command](args)
     except (ModelLoadError, ValueError, FileNotFoundError) as e:

@@ -3,6 +3,7 @@ can say 503 while it does."""
 from __future__ import annotations
 
 import asyncio
+import importlib.resources
 import logging
 import secrets
 import threading
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from vinoserve.engine.async_engine import AsyncLLMEngine
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
@@ -99,6 +100,12 @@ def create_app(config: ServerConfig) -> FastAPI:
                            code="invalid_api_key")
 
     auth = [Depends(authorized)]
+
+    chat_page = importlib.resources.files("vinoserve.server").joinpath("static/chat.html").read_text()
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> HTMLResponse:
+        return HTMLResponse(chat_page)
 
     @app.get("/health")
     async def health() -> Response:
