@@ -132,9 +132,11 @@ def test_terminal_chat_against_a_server(server):
     _turn(child, "What is the capital of France?")
     assert sent() - mark == prompt_len(server, [{"role": "system", "content": "You are a pirate."}, *FRANCE])
 
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+
     # Ctrl-C stops the reply: the stream closes and the server aborts the request.
-    child.sendline("/reset")
-    child.expect_exact("> ")
+    child = _spawn_chat("--url", server.url, "--api-key", KEY, "--max-tokens", "2000")
     child.sendline("Tell me a long story about a dragon who learns to cook.")
     generated = metric(server, "vllm:generation_tokens_total")
     deadline = time.monotonic() + 60
