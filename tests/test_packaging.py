@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import ast
 import re
+import shutil
+import subprocess
 import sys
 import tomllib
+import zipfile
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
@@ -34,3 +37,15 @@ def test_runtime_imports_are_declared_dependencies():
     missing = {m for m in third_party
                if not {d.lower().replace("_", "-") for d in dists.get(m, [m])} & declared}
     assert not missing, f"imported by vinoserve but not runtime dependencies: {sorted(missing)}"
+
+
+def test_wheel_carries_the_chat_page(tmp_path):
+    """The page is package data: a wheel (what `pip install` builds) must hold it."""
+    src = tmp_path / "src"  # building writes build/ and egg-info next to the sources
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".*", "build", "*.egg-info", "__pycache__", "tests"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path / "dist"), str(src)], check=True, capture_output=True)
+    (wheel,) = (tmp_path / "dist").glob("vinoserve-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        page = zf.read("vinoserve/server/static/chat.html").decode()
+    assert "v1/chat/completions" in page and "http://" not in page and "https://" not in page  # nothing remote

@@ -1,7 +1,8 @@
-"""`vinoserve` command line: prepare a model, generate from a prompt."""
+"""`vinoserve` command line: prepare a model, generate from a prompt, serve, chat, bench."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -36,6 +37,22 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
                    help="reuse the KV of prompt prefixes already computed (default: on, off with --cache-eviction)")
 
 
+def _json_object(text: str) -> dict:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError("expected a JSON object")
+    return value
+
+
+def _generation_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--generation-config", default="auto", metavar="auto|vinoserve|DIR",
+                   help="sampling defaults for fields a request leaves out: auto (default) takes the model's "
+                        "(its generation_config.json, GGUF metadata, or a built-in model's recommended values); "
+                        "vinoserve ignores them (OpenAI's defaults); DIR reads DIR/generation_config.json")
+    p.add_argument("--override-generation-config", type=_json_object, default=None, metavar="JSON",
+                   help='on top of those, e.g. \'{"temperature": 0.7, "max_new_tokens": 512}\'')
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vinoserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -57,11 +74,19 @@ def build_parser() -> argparse.ArgumentParser:
     srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     _model_args(srv)
     _compile_args(srv)
+    _generation_args(srv)
     add_serve_arguments(srv)
+    from vinoserve.chat import add_chat_arguments
+
+    chat = sub.add_parser("chat", help="chat in the terminal, with a model run here or any OpenAI server (--url)")
+    _model_args(chat)
+    _compile_args(chat)
+    _generation_args(chat)
+    add_chat_arguments(chat)
     from vinoserve.bench.cli import add_bench_parser
 
     add_bench_parser(sub)
-    for p in (prepare, gen, srv):
+    for p in (prepare, gen, srv, chat):
         _defaults_from_environment(p)
     return parser
 
@@ -152,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
             from vinoserve.server.cli import serve
 
             return serve(args, _engine_config(args))
+        elif args.command == "chat":
+            from vinoserve.chat import run
+
+            return run(args, None if args.url else _engine_config(args))
         else:
             {"prepare": _prepare, "generate": _generate}[args.command](args)
     except (ModelLoadError, ValueError, FileNotFoundError) as e:

@@ -3,6 +3,7 @@ can say 503 while it does."""
 from __future__ import annotations
 
 import asyncio
+import importlib.resources
 import logging
 import secrets
 import threading
@@ -12,11 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from vinoserve.engine.async_engine import AsyncLLMEngine
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.model.default_model import DEFAULT_MODEL
+from vinoserve.model.generation_config import load_generation_defaults
+from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.server import errors, openapi
 from vinoserve.server.errors import APIError
 from vinoserve.server.limits import BodySizeLimit, Limits
@@ -35,6 +38,8 @@ class ServerConfig:
     api_key: str | None = None
     max_queue: int | None = None
     limits: Limits = field(default_factory=Limits)
+    generation_config: str = "auto"  # auto: the model's sampling defaults; vinoserve: OpenAI's; or a dir
+    override_generation_config: dict | None = None
 
 
 def default_model_name(model: str | None) -> str:
@@ -76,12 +81,16 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
                 loop.call_soon_threadsafe(loop.call_later, FATAL_EXIT_DELAY_S, on_fatal, e)
 
         try:
+            defaults = load_generation_defaults(config.generation_config, config.engine.model,
+                                                config.override_generation_config)
+            SamplingParams(**defaults.values())  # a bad default fails here, not as a 400 on every request
             engine = AsyncLLMEngine(LLMEngine(config.engine, log=log.info), on_fatal=fatal)
             name = config.served_model_name or default_model_name(config.engine.model)
             metrics = Metrics(name)
             metrics.watch(engine)
             state.engine = engine
-            state.serving = OpenAIServing(engine, name, metrics, config.max_queue)
+            state.serving = OpenAIServing(engine, name, metrics, config.max_queue, defaults)
+            log.info("sampling defaults for fields a request leaves out: %s", defaults.describe())
             log.info("serving %s", name)
         except BaseException as e:  # surfaced by /health and every endpoint
             log.exception("model failed to load")
@@ -112,6 +121,12 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
 
     auth = [Depends(authorized)]
 
+    chat_page = importlib.resources.files("vinoserve.server").joinpath("static/chat.html").read_text()
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> HTMLResponse:
+        return HTMLResponse(chat_page)
+
     @app.get("/health")
     async def health() -> Response:
         if state.engine is not None and state.engine.is_alive:
@@ -129,7 +144,8 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
     async def models() -> JSONResponse:
         serving = state.ready()
         card = {"id": serving.model_name, "object": "model", "created": now(), "owned_by": "vinoserve",
-                "max_model_len": serving.engine.engine.max_context}
+                "max_model_len": serving.engine.engine.max_context,
+                "sampling_defaults": serving.generation_defaults.values()}
         return JSONResponse({"object": "list", "data": [card]})
 
     @app.post("/v1/completions", dependencies=auth)

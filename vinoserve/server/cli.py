@@ -40,7 +40,9 @@ def serve(args: argparse.Namespace, engine: EngineConfig) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     limits = Limits(args.max_request_bytes, args.max_prompt_tokens, args.max_stop_strings, args.max_n,
                     args.max_logprobs)
-    config = ServerConfig(engine, args.served_model_name, args.api_key, args.max_queue, limits)
+    config = ServerConfig(engine, args.served_model_name, args.api_key, args.max_queue, limits,
+                          generation_config=args.generation_config,
+                          override_generation_config=args.override_generation_config)
     # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal under the handler
     # that was there before it; a no-op one makes a graceful stop exit 0, as orchestrators expect.
     signal.signal(signal.SIGTERM, lambda *_: None)

@@ -71,12 +71,18 @@ class Metrics:
         if gap_seconds is not None:
             self.itl.labels(self.model).observe(gap_seconds)
 
-    def finished(self, prompt_tokens: int, m: RequestMetrics) -> None:
+    def prefilled(self, prompt_tokens: int, m: RequestMetrics | None) -> None:
+        """At a request's first token, so a long generation shows its prompt (and TTFT) at once.
+        Like vLLM, a prompt recomputed after preemption is not counted again."""
         self.prompt_tokens.labels(self.model).inc(prompt_tokens)
+        if m is None:
+            return
         if m.first_token_time is not None:
             self.ttft.labels(self.model).observe(m.first_token_time - m.arrival_time)
         if m.first_scheduled_time is not None:
             self.queue.labels(self.model).observe(m.first_scheduled_time - m.arrival_time)
+
+    def finished(self, m: RequestMetrics) -> None:
         if m.finished_time is not None:
             self.e2e.labels(self.model).observe(m.finished_time - m.arrival_time)
 

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from vinoserve.engine.async_engine import AsyncLLMEngine, RequestStream
 from vinoserve.engine.outputs import RequestOutput
+from vinoserve.model.generation_config import GenerationDefaults
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.server.errors import APIError, bad_value, error_body, failure
 from vinoserve.server.limits import over_capacity
@@ -35,8 +36,10 @@ MAX_N = 128  # OpenAI's limit on choices per request
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLMEngine, model_name: str, metrics: Metrics, max_queue: int | None) -> None:
+    def __init__(self, engine: AsyncLLMEngine, model_name: str, metrics: Metrics, max_queue: int | None,
+                 generation_defaults: GenerationDefaults = GenerationDefaults()) -> None:
         self.engine, self.model_name, self.metrics, self.max_queue = engine, model_name, metrics, max_queue
+        self.generation_defaults = generation_defaults
         self.tokenizer = engine.engine.tokenizer
 
     # ---- request -> prompts and params
@@ -75,14 +78,16 @@ class OpenAIServing:
                 raise APIError(400, "best_of > n cannot be streamed", "best_of")
             logprobs = 0 if logprobs is None else logprobs  # choices are ranked by their logprob
         stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
-        defaults = SamplingParams()
+        base, model = SamplingParams(), self.generation_defaults
+        remaining = max(1, self.engine.engine.max_context - prompt_len)
         try:
             return SamplingParams(
-                max_tokens=max_tokens if max_tokens is not None else max(1, self.engine.engine.max_context - prompt_len),
-                temperature=defaults.temperature if req.temperature is None else req.temperature,
-                top_p=defaults.top_p if req.top_p is None else req.top_p,
-                top_k=req.top_k or 0, min_p=req.min_p or 0.0,
-                repetition_penalty=req.repetition_penalty or 1.0,
+                max_tokens=max_tokens if max_tokens is not None else min(model.max_tokens or remaining, remaining),
+                temperature=_first(req.temperature, model.temperature, base.temperature),
+                top_p=_first(req.top_p, model.top_p, base.top_p),
+                top_k=_first(req.top_k, model.top_k, base.top_k),
+                min_p=_first(req.min_p, model.min_p, base.min_p),
+                repetition_penalty=_first(req.repetition_penalty, model.repetition_penalty, base.repetition_penalty),
                 presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
                 seed=req.seed, stop=tuple(stop), stop_token_ids=tuple(req.stop_token_ids or ()),
                 ignore_eos=req.ignore_eos, min_tokens=req.min_tokens, logprobs=logprobs,
@@ -128,12 +133,13 @@ class OpenAIServing:
             try:
                 async for out in stream:
                     t = time.monotonic()
+                    if last is None and out.new_token_ids and i % n == 0:  # a prompt counts once, when computed
+                        self.metrics.prefilled(len(prompts[i // n]), out.metrics)
                     for _ in out.new_token_ids:
                         self.metrics.token(None if last is None else t - last)
                         last = t
                     if out.finished and out.metrics:
-                        # the prompt counts once, for its first choice
-                        self.metrics.finished(0 if i % n else len(prompts[i // n]), out.metrics)
+                        self.metrics.finished(out.metrics)
                     queue.put_nowait((i, out))
             except Exception as e:  # noqa: BLE001 - surfaced to the consumer below
                 queue.put_nowait((i, e))
@@ -281,6 +287,11 @@ def _legacy_logprobs(entries: list[dict] | None) -> dict | None:
 def _usage(prompt: int, completion: int, cached: int = 0) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def _first(*values):
+    """The request's value, else the model's default, else OpenAI's."""
+    return next(v for v in values if v is not None)
 
 
 def close_all(streams: list[RequestStream]) -> None:

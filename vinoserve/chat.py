@@ -1,0 +1,248 @@
+"""`vinoserve chat`: a terminal chat with any OpenAI-compatible server, or with a model run here.
+
+Without --url the server is started in this process on a loopback port, so both ways share one
+code path: the same sampling defaults, chat template and abort-on-disconnect. Ctrl-C closes the
+stream, which makes the server abort the request and free its cache.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httpx
+
+HELP = "/reset: forget the conversation · /system TEXT: set the system prompt (/system alone clears it) · " \
+       "/exit or Ctrl-D: quit · Ctrl-C: stop the reply"
+
+
+class ChatError(Exception):
+    """What the server answered instead of a reply."""
+
+
+@dataclass
+class ReplyStats:
+    tokens: int = 0
+    ttft: float | None = None  # seconds from sending to the first token
+    decode_seconds: float = 0.0  # first token to last
+    finish_reason: str | None = None
+
+    def describe(self) -> str:
+        parts = [f"{self.tokens} tokens"]
+        if self.ttft is not None:
+            parts.append(f"TTFT {self.ttft * 1000:.0f} ms")
+        if self.tokens > 1 and self.decode_seconds > 0:
+            parts.append(f"{(self.tokens - 1) / self.decode_seconds:.1f} tokens/s")
+        if self.finish_reason:
+            parts.append(self.finish_reason)
+        return " · ".join(parts)
+
+
+@dataclass
+class ChatClient:
+    """Streams chat completions from an OpenAI-compatible server."""
+
+    base_url: str  # ends in /v1
+    api_key: str | None = None
+    model: str | None = None  # None: the first one the server lists
+    options: dict = field(default_factory=dict)  # temperature, max_tokens... (absent: the server's defaults)
+
+    def __post_init__(self) -> None:
+        self.base_url = self.base_url.rstrip("/")
+        if not self.base_url.endswith("/v1"):
+            self.base_url += "/v1"
+        headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self.http = httpx.Client(headers=headers, timeout=httpx.Timeout(30.0, read=None))
+
+    def resolve_model(self) -> str:
+        if self.model is None:
+            res = self.http.get(f"{self.base_url}/models")
+            _raise_for(res)
+            self.model = res.json()["data"][0]["id"]
+        return self.model
+
+    def stream(self, messages: list[dict], stats: ReplyStats) -> Iterator[str]:
+        body = {"model": self.resolve_model(), "messages": messages, "stream": True,
+                "stream_options": {"include_usage": True}, **self.options}
+        start = time.monotonic()
+        first = last = None
+        with self.http.stream("POST", f"{self.base_url}/chat/completions", json=body) as res:
+            if res.status_code != 200:
+                res.read()
+                _raise_for(res)
+            for line in res.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    raise ChatError(chunk["error"].get("message", str(chunk["error"])))
+                if chunk.get("usage"):
+                    stats.tokens = chunk["usage"]["completion_tokens"]
+                for choice in chunk.get("choices") or []:
+                    stats.finish_reason = choice.get("finish_reason") or stats.finish_reason
+                    delta = choice.get("delta") or {}
+                    if "content" not in delta or (delta.get("role") and not delta["content"]):
+                        continue
+                    last = time.monotonic()
+                    first = first or last
+                    stats.tokens += 1  # until usage gives the exact count
+                    stats.ttft = first - start
+                    stats.decode_seconds = last - first
+                    if delta["content"]:
+                        yield delta["content"]
+
+
+def _raise_for(res: httpx.Response) -> None:
+    if res.status_code == 200:
+        return
+    try:
+        message = res.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = res.text.strip() or res.reason_phrase
+    raise ChatError(f"{res.status_code}: {message}")
+
+
+class Conversation:
+    """History, system prompt and the slash commands, over any ChatClient."""
+
+    def __init__(self, client: ChatClient, system: str | None = None, out=sys.stdout, err=sys.stderr) -> None:
+        self.client, self.system, self.out, self.err = client, system, out, err
+        self.history: list[dict] = []
+
+    def messages(self) -> list[dict]:
+        return ([{"role": "system", "content": self.system}] if self.system else []) + self.history
+
+    def handle(self, line: str) -> bool:
+        """One line the user typed; False when they asked to leave."""
+        text = line.strip()
+        if not text:
+            return True
+        command, _, rest = text.partition(" ")
+        if command in ("/exit", "/quit"):
+            return False
+        if command == "/reset":
+            self.history.clear()
+            self._note("(conversation cleared)")
+        elif command == "/system":
+            self.system = rest.strip() or None
+            self._note(f"(system prompt: {self.system!r})" if self.system else "(system prompt cleared)")
+        elif command in ("/help", "/?"):
+            self._note(HELP)
+        else:
+            self.reply(text)
+        return True
+
+    def reply(self, text: str) -> None:
+        self.history.append({"role": "user", "content": text})
+        stats, answer = ReplyStats(), []
+        try:
+            for piece in self.client.stream(self.messages(), stats):
+                answer.append(piece)
+                self.out.write(piece)
+                self.out.flush()
+        except KeyboardInterrupt:  # leaving the stream closes the connection: the server aborts
+            stats.finish_reason = "stopped"
+        except (ChatError, httpx.HTTPError) as e:
+            self.out.write("\n")
+            self._note(f"error: {e}")
+            self.history.pop()
+            return
+        self.out.write("\n")
+        if answer:
+            self.history.append({"role": "assistant", "content": "".join(answer)})
+        else:
+            self.history.pop()
+        self._note(f"({stats.describe()})")
+
+    def _note(self, text: str) -> None:
+        self.err.write(text + "\n")
+        self.err.flush()
+
+
+def add_chat_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default=None,
+                   help="an OpenAI-compatible server, e.g. http://127.0.0.1:8000 (default: run --model here); "
+                        "with --url, --model names the model on that server (default: the first it lists)")
+    p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY' to --url")
+    p.add_argument("--system", default=None, help="system prompt (change it later with /system)")
+    p.add_argument("--temperature", type=float, default=None, help="default: the model's (see /v1/models)")
+    p.add_argument("--max-tokens", type=int, default=None, help="per reply (default: the server's)")
+
+
+def run(args: argparse.Namespace, engine_config=None) -> int:
+    options = {k: v for k, v in (("temperature", args.temperature), ("max_tokens", args.max_tokens)) if v is not None}
+    if args.url:
+        client = ChatClient(args.url, args.api_key, args.model, options)
+        return _loop(client, args.system)
+    with _local_server(args, engine_config) as url:
+        return _loop(ChatClient(url, options=options), args.system)
+
+
+def _loop(client: ChatClient, system: str | None) -> int:
+    try:
+        model = client.resolve_model()
+    except (ChatError, httpx.HTTPError) as e:
+        print(f"vinoserve chat: cannot reach {client.base_url}: {e}", file=sys.stderr)
+        return 1
+    try:
+        import readline  # noqa: F401  (line editing and history for input())
+    except ImportError:
+        pass
+    conversation = Conversation(client, system)
+    print(f"chatting with {model} at {client.base_url}. {HELP}", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        except KeyboardInterrupt:  # as in Python's REPL: drop the line, keep going
+            print(file=sys.stderr)
+            continue
+        if not conversation.handle(line):
+            return 0
+
+
+class _local_server:
+    """The OpenAI server on a free loopback port in a background thread, quiet, until exit."""
+
+    def __init__(self, args: argparse.Namespace, engine_config) -> None:
+        import logging
+
+        import uvicorn
+
+        from vinoserve.server.app import ServerConfig, create_app
+
+        # The engine's progress (download, conversion, cache size, sampling defaults), not uvicorn's.
+        logging.basicConfig(level=logging.WARNING, format="%(message)s")
+        logging.getLogger("vinoserve").setLevel(logging.INFO)
+        config = ServerConfig(engine_config, generation_config=args.generation_config,
+                              override_generation_config=args.override_generation_config)
+        self.server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=0,
+                                                    log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, name="vinoserve-chat-server", daemon=True)
+
+    def __enter__(self) -> str:
+        print("loading the model ...", file=sys.stderr, flush=True)
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("the in-process server did not start")
+            time.sleep(0.05)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        url = f"http://127.0.0.1:{port}"
+        while (res := httpx.get(f"{url}/health", timeout=10)).status_code != 200:
+            message = res.json().get("error", {}).get("message", "")
+            if "failed to load" in message:
+                self.__exit__()
+                raise RuntimeError(message)
+            time.sleep(0.2)
+        return url
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
