@@ -20,6 +20,7 @@ from vinoserve.server import errors
 from vinoserve.server.errors import APIError
 from vinoserve.server.metrics import Metrics
 from vinoserve.server.openai_serving import OpenAIServing
+from vinoserve.server.structured import grammar_for
 from vinoserve.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                        TokenizeRequest, now)
 
@@ -120,8 +121,9 @@ def create_app(config: ServerConfig) -> FastAPI:
             raise APIError(400, "echo is not supported", "echo")
         prompts = await asyncio.to_thread(serving.completion_prompts, req.prompt)  # big prompts take ms
         k = req.logprobs
+        grammar = await grammar_for(req, serving.engine.engine.grammars)
         params = serving.sampling_params(req, req.max_tokens if req.max_tokens is not None else 16,
-                                         max(map(len, prompts)), k)
+                                         max(map(len, prompts)), k, grammar)
         streams = serving.admit(prompts, params, "prompt", req.cache_eviction)
         return await serving.respond(raw, req, prompts, streams, chat=False)
 
@@ -133,8 +135,9 @@ def create_app(config: ServerConfig) -> FastAPI:
             raise APIError(400, "top_logprobs requires logprobs: true", "top_logprobs")
         prompt = await asyncio.to_thread(serving.chat_prompt, req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        grammar = await grammar_for(req, serving.engine.engine.grammars)
         params = serving.sampling_params(req, max_tokens, len(prompt),
-                                         (req.top_logprobs or 0) if req.logprobs else None)
+                                         (req.top_logprobs or 0) if req.logprobs else None, grammar)
         streams = serving.admit([prompt], params, "messages", req.cache_eviction)
         return await serving.respond(raw, req, [prompt], streams, chat=True)
 

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from vinoserve.engine.async_engine import AsyncLLMEngine
 from vinoserve.engine.outputs import RequestOutput
+from vinoserve.scheduler.grammar import GrammarSpec
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.server.errors import APIError, bad_value
 from vinoserve.server.metrics import Metrics
@@ -60,11 +61,16 @@ class OpenAIServing:
             raise APIError(400, "prompt must not be empty", "prompt")
         return [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
 
-    def sampling_params(self, req, max_tokens: int | None, prompt_len: int, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, req, max_tokens: int | None, prompt_len: int, logprobs: int | None,
+                        grammar: GrammarSpec | None = None) -> SamplingParams:
         if req.n != 1:
             raise APIError(400, "n > 1 is not supported yet; send n separate requests", "n")
         stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
         defaults = SamplingParams()
+        try:
+            bias = tuple((int(t), b) for t, b in (req.logit_bias or {}).items())
+        except ValueError as e:
+            raise APIError(400, "logit_bias keys must be token ids", "logit_bias") from e
         try:
             return SamplingParams(
                 max_tokens=max_tokens if max_tokens is not None else max(1, self.engine.engine.max_context - prompt_len),
@@ -75,6 +81,7 @@ class OpenAIServing:
                 presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
                 seed=req.seed, stop=tuple(stop), stop_token_ids=tuple(req.stop_token_ids or ()),
                 ignore_eos=req.ignore_eos, min_tokens=req.min_tokens, logprobs=logprobs,
+                logit_bias=bias, grammar=grammar,
             )
         except ValueError as e:
             raise bad_value(e) from e
