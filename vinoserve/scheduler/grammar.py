@@ -38,7 +38,7 @@ class GrammarSpec:
 
     @classmethod
     def json_schema(cls, schema: dict | bool) -> GrammarSpec:
-        return cls("json_schema", json.dumps(schema, sort_keys=True))
+        return cls("json_schema", json.dumps(schema))  # key order kept: it is the output's property order
 
     def grammar_text(self) -> str:
         """The llguidance grammar for this spec; ValueError when the spec itself is malformed."""

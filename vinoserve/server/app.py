@@ -21,6 +21,7 @@ from vinoserve.server.errors import APIError
 from vinoserve.server.metrics import Metrics
 from vinoserve.server.openai_serving import OpenAIServing
 from vinoserve.server.structured import grammar_for
+from vinoserve.server.tools import tool_plan
 from vinoserve.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                        TokenizeRequest, now)
 
@@ -133,13 +134,14 @@ def create_app(config: ServerConfig) -> FastAPI:
         serving.check_model(req.model)
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs requires logprobs: true", "top_logprobs")
-        prompt = await asyncio.to_thread(serving.chat_prompt, req)
+        tools = tool_plan(req)
+        prompt = await asyncio.to_thread(serving.chat_prompt, req, tools)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        grammar = await grammar_for(req, serving.engine.engine.grammars)
+        grammar = await grammar_for(req, serving.engine.engine.grammars, tools)
         params = serving.sampling_params(req, max_tokens, len(prompt),
                                          (req.top_logprobs or 0) if req.logprobs else None, grammar)
         streams = serving.admit([prompt], params, "messages", req.cache_eviction)
-        return await serving.respond(raw, req, [prompt], streams, chat=True)
+        return await serving.respond(raw, req, [prompt], streams, chat=True, tools=tools)
 
     @app.post("/tokenize", dependencies=auth)
     async def tokenize(req: TokenizeRequest) -> JSONResponse:

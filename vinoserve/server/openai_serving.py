@@ -17,6 +17,7 @@ from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.server.errors import APIError, bad_value
 from vinoserve.server.metrics import Metrics
 from vinoserve.server.protocol import ChatCompletionRequest, new_id, now
+from vinoserve.server.tools import ToolPlan, parse_reply, render_messages, stream_deltas
 
 
 @dataclass
@@ -41,13 +42,15 @@ class OpenAIServing:
         if model is not None and model != self.model_name:
             raise APIError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
 
-    def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
+    def chat_prompt(self, req: ChatCompletionRequest, tools: ToolPlan | None = None) -> list[int]:
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         for m in messages:
             if isinstance(m.get("content"), list):  # text parts only: this is a text model
                 m["content"] = "".join(p.get("text") or "" for p in m["content"] if p.get("type") == "text")
+        messages, extra = render_messages(messages, tools, self.tokenizer.chat_template or "")
         try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
+                                                      **extra)
         except ValueError as e:
             raise APIError(400, str(e), "messages") from e
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -143,15 +146,16 @@ class OpenAIServing:
                 await stream.aclose()
 
     # ---- responses
-    async def respond(self, raw: Request, req, prompts: list[list[int]], streams, chat: bool):
+    async def respond(self, raw: Request, req, prompts: list[list[int]], streams, chat: bool,
+                      tools: ToolPlan | None = None):
         rid = new_id("chatcmpl" if chat else "cmpl")
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            events = self._sse(rid, prompts, streams, chat, include_usage)
+            events = self._sse(rid, prompts, streams, chat, include_usage, tools)
             return StreamingResponse(events, media_type="text/event-stream")
-        return await _unless_disconnected(raw, self._complete(rid, prompts, streams, chat))
+        return await _unless_disconnected(raw, self._complete(rid, prompts, streams, chat, tools))
 
-    async def _complete(self, rid: str, prompts, streams, chat: bool) -> JSONResponse:
+    async def _complete(self, rid: str, prompts, streams, chat: bool, tools: ToolPlan | None = None) -> JSONResponse:
         choices = [_Choice(i, len(p)) for i, p in enumerate(prompts)]
         async for i, out in self._merged(streams):
             c = choices[i]
@@ -163,20 +167,23 @@ class OpenAIServing:
         body = {
             "id": rid, "object": "chat.completion" if chat else "text_completion", "created": now(),
             "model": self.model_name,
-            "choices": [self._final_choice(c, chat) for c in choices],
+            "choices": [self._final_choice(c, chat, tools) for c in choices],
             "usage": _usage(sum(c.prompt_len for c in choices), sum(c.tokens for c in choices)),
         }
         return JSONResponse(body)
 
-    def _final_choice(self, c: _Choice, chat: bool) -> dict:
+    def _final_choice(self, c: _Choice, chat: bool, tools: ToolPlan | None = None) -> dict:
         if chat:
             lp = {"content": c.logprobs} if c.logprobs is not None else None
-            return {"index": c.index, "message": {"role": "assistant", "content": c.text},
-                    "logprobs": lp, "finish_reason": c.finish_reason}
+            message, reason = {"role": "assistant", "content": c.text}, c.finish_reason
+            if tools is not None:
+                message, reason = parse_reply(tools, c.text, reason)
+            return {"index": c.index, "message": message, "logprobs": lp, "finish_reason": reason}
         return {"index": c.index, "text": c.text, "logprobs": _legacy_logprobs(c.logprobs),
                 "finish_reason": c.finish_reason}
 
-    async def _sse(self, rid: str, prompts, streams, chat: bool, include_usage: bool) -> AsyncIterator[str]:
+    async def _sse(self, rid: str, prompts, streams, chat: bool, include_usage: bool,
+                   tools: ToolPlan | None = None) -> AsyncIterator[str]:
         created, obj = now(), "chat.completion.chunk" if chat else "text_completion"
 
         def event(choices: list[dict], usage: dict | None = None) -> str:
@@ -191,8 +198,17 @@ class OpenAIServing:
                               "finish_reason": None}])
         tokens = [0] * len(prompts)
         try:
+            held = [""] * len(prompts)
             async for i, out in self._merged(streams):
                 tokens[i] = out.num_output_tokens
+                if tools is not None:  # a reply is a call or an answer only once it is whole
+                    held[i] += out.new_text
+                    if out.finished:
+                        message, reason = parse_reply(tools, held[i], out.finish_reason)
+                        for delta in stream_deltas(message):
+                            yield event([{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
+                        yield event([{"index": i, "delta": {}, "logprobs": None, "finish_reason": reason}])
+                    continue
                 # One chunk per token, even one that completes no character yet: clients can
                 # time every token (ITL), and the text stays whole-character.
                 lp = self._token_logprobs(out) if out.new_logprobs is not None else None
