@@ -12,3 +12,22 @@ def smollm2_gguf() -> Path:
     from vinoserve.model.default_model import fetch
 
     return fetch(log=lambda m: None)
+
+
+@pytest.fixture(scope="session")
+def api_server(smollm2_gguf):
+    """One SmolLM2 server shared by the API-surface tests (structured outputs, tools, logprobs):
+    f32 weights, compute and KV cache, so prompt logprobs compare with HF transformers at f32."""
+    from server_process import ServerProcess
+
+    srv = ServerProcess("--weight-format", "f32", "--inference-precision", "f32", "--kv-cache-precision", "f32",
+                        "--kv-cache-size", "0.5").wait_ready()
+    yield srv
+    assert srv.terminate() == 0
+
+
+@pytest.fixture(scope="session")
+def api_client(api_server):
+    import openai
+
+    return openai.OpenAI(base_url=f"{api_server.url}/v1", api_key="unused", max_retries=0)

@@ -20,6 +20,7 @@ from vinoserve.engine.text_output import TextOutput
 from vinoserve.model.graph import WeightFormat
 from vinoserve.model.loader import LoadedModel, load_model
 from vinoserve.model.paged import CompileOptions
+from vinoserve.scheduler.grammar import GrammarCompiler
 from vinoserve.scheduler.sampler import Sampler, SamplingState
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.scheduler.scheduler import Scheduler, SchedulerConfig, ScheduledSequence
@@ -101,6 +102,9 @@ class LLMEngine:
         self.runner = ModelRunner(paged, self.cache)
         self.sampler = Sampler()
         self.eos_token_ids = tuple(dict.fromkeys([*self.model.config.eos_token_ids, *self.tokenizer.eos_token_ids]))
+        self.grammars = GrammarCompiler(self.tokenizer.token_bytes, self.model.config.vocab_size, self.eos_token_ids,
+                                         sorted(self.tokenizer.special_token_ids),
+                                         lambda text: self.tokenizer.encode(text, add_special_tokens=False))
         self._requests: dict[str, _Request] = {}
         self._forks: dict[str, list[_Request]] = {}  # a request id -> choices waiting for its prompt
         self.stats = StepStats()
@@ -141,7 +145,8 @@ class LLMEngine:
         seq = Sequence(request_id, ids, params, block_tables=self.blocks.new_tables())
         if arrival_time is not None:
             seq.arrival_time = arrival_time
-        sampling = SamplingState(params, seq.prompt_token_ids, seq.output_token_ids, self.eos_token_ids)
+        sampling = SamplingState(params, seq.prompt_token_ids, seq.output_token_ids, self.eos_token_ids,
+                                 self.grammars.matcher(params.grammar) if params.grammar else None)
         req = _Request(seq, TextOutput(self.tokenizer, params.stop), sampling, RequestMetrics(seq.arrival_time),
                        eviction)
         self._requests[request_id] = req
@@ -169,6 +174,8 @@ class LLMEngine:
         vocab = self.model.config.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if any(t >= vocab for t, _ in params.logit_bias):
+            raise ValueError(f"logit_bias: token ids must be in [0, {vocab})")
         total = len(ids) + params.max_tokens
         if total > self.max_context:
             raise ValueError(f"this model's maximum context length is {self.max_context} tokens; the prompt "

@@ -32,10 +32,10 @@ def _compile(template: str):
 
 
 def render_chat(template: str, messages: list[dict], *, add_generation_prompt: bool = True,
-                **special_tokens: str | None) -> str:
-    """`special_tokens` are the names templates use: bos_token, eos_token, ..."""
+                **variables) -> str:
+    """`variables` are the other names templates use: bos_token, eos_token, tools, ..."""
     try:
         return _compile(template).render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         **special_tokens)
+                                         **variables)
     except TemplateError as e:
         raise ChatTemplateError(f"chat template failed: {e}") from e

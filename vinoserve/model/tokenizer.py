@@ -153,7 +153,8 @@ class Tokenizer:
             self._decoder.infer({0: np.asarray(ids, dtype=np.int64).reshape(1, -1)})
             return str(self._decoder.get_output_tensor(0).str_data[0])
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
         """The prompt text for a conversation, as HF's apply_chat_template renders it."""
         if not self.chat_template:
             raise ValueError("this model has no chat template")
@@ -161,8 +162,9 @@ class Tokenizer:
         def text(token_id: int | None) -> str:
             return "" if token_id is None else self.decode([token_id], skip_special_tokens=False)
 
+        extra = {"tools": tools} if tools else {}
         return render_chat(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
-                           bos_token=text(self.bos_token_id), eos_token=text(self.eos_token_id))
+                           bos_token=text(self.bos_token_id), eos_token=text(self.eos_token_id), **extra)
 
     def _token_id(self, token: Any) -> int | None:
         if isinstance(token, dict):  # {"content": "<s>", ...}

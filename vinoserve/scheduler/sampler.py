@@ -13,6 +13,7 @@ from itertools import chain
 
 import numpy as np
 
+from vinoserve.scheduler.grammar import GrammarState, apply_grammar_masks
 from vinoserve.scheduler.sampling_params import SamplingParams
 
 _BLOCK = 1024  # columns per first-level block of the inverse CDF
@@ -33,6 +34,7 @@ class SamplingState:
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
     eos_token_ids: tuple[int, ...] = ()
+    grammar: GrammarState | None = None  # the structured-output constraint, if any
     rng: np.random.Generator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -52,7 +54,7 @@ class Sampler:
         logits = np.asarray(logits, dtype=np.float32)
         if logits.ndim != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits {logits.shape} do not match {len(rows)} rows")
-        work = _penalise(logits, rows)
+        work = _constrain(_penalise(logits, rows), logits, rows)
         params = [r.params for r in rows]
         vocab = work.shape[1]
         greedy = np.array([p.is_greedy for p in params], dtype=bool)
@@ -80,6 +82,9 @@ class Sampler:
         sel = np.flatnonzero(~greedy & (top_k == 0) & (top_p == 1))
         if len(sel):
             tokens[sel] = _pick(_probs(work[sel], temperature[sel], min_p[sel]), u[sel])
+        for r, t in zip(rows, tokens):
+            if r.grammar is not None:
+                r.grammar.accept(int(t))
         return _with_logprobs(logits, tokens, rows)
 
 
@@ -116,6 +121,23 @@ def _penalise(logits: np.ndarray, rows: Sequence[SamplingState]) -> np.ndarray:
     for i in ban:
         stop = rows[i].eos_token_ids + rows[i].params.stop_token_ids
         work[i, list(stop)] = -np.inf
+    return work
+
+
+def _constrain(work: np.ndarray, logits: np.ndarray, rows: Sequence[SamplingState]) -> np.ndarray:
+    """`work` after logit_bias and grammar masks; copied first if it is still the raw logits,
+    which logprobs report unconstrained."""
+    biased = [i for i, r in enumerate(rows) if r.params.logit_bias]
+    guided = [i for i, r in enumerate(rows) if r.grammar is not None]
+    if not (biased or guided):
+        return work
+    if work is logits:
+        work = logits.copy()
+    for i in biased:
+        ids, bias = zip(*rows[i].params.logit_bias)
+        work[i, list(ids)] += np.array(bias, dtype=np.float32)
+    if guided:
+        apply_grammar_masks(work, guided, [rows[i].grammar for i in guided])
     return work
 
 

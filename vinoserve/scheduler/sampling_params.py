@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vinoserve.scheduler.grammar import GrammarSpec
+
 # Below this a temperature is treated as greedy, as vLLM does: dividing by it would
 # only turn the softmax into an argmax with extra rounding.
 GREEDY_EPS = 1e-5
@@ -26,12 +28,16 @@ class SamplingParams:
     logprobs: int | None = None  # k: the chosen token's logprob plus the top k
     stop: tuple[str, ...] = ()  # matched on text by the engine's detokenizer
     n: int = 1
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), as OpenAI's map
+    grammar: GrammarSpec | None = None  # structured output: every token must keep the grammar satisfiable
 
     def __post_init__(self) -> None:
         # JSON gives lists; tuples keep the params hashable and concatenable with EOS ids.
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         object.__setattr__(self, "stop", stop)
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in bias))
         self.validate()
 
     @property
@@ -61,6 +67,9 @@ class SamplingParams:
             _fail("logprobs", f"must be in [0, {MAX_LOGPROBS}]", self.logprobs)
         if not 0 <= self.min_tokens <= self.max_tokens:
             _fail("min_tokens", f"must be in [0, max_tokens={self.max_tokens}]", self.min_tokens)
+        for token, bias in self.logit_bias:
+            if token < 0 or not -100 <= bias <= 100:
+                _fail("logit_bias", "maps token ids >= 0 to values in [-100, 100]", {token: bias})
         if self.n < 1:
             _fail("n", "must be >= 1", self.n)
         if self.n > 1:

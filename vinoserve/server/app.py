@@ -25,6 +25,8 @@ from vinoserve.server.errors import APIError
 from vinoserve.server.limits import BodySizeLimit, Limits
 from vinoserve.server.metrics import Metrics
 from vinoserve.server.openai_serving import OpenAIServing, num_choices
+from vinoserve.server.structured import grammar_for
+from vinoserve.server.tools import tool_plan
 from vinoserve.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                                        TokenizeRequest, now)
 
@@ -158,8 +160,9 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
         prompts = await asyncio.to_thread(serving.completion_prompts, req.prompt)  # big prompts take ms
         limits.check_prompts(prompts, "prompt")
         k = req.logprobs
+        grammar = await grammar_for(req, serving.engine.engine.grammars)
         params = serving.sampling_params(req, req.max_tokens if req.max_tokens is not None else 16,
-                                         max(map(len, prompts)), k)
+                                         max(map(len, prompts)), k, grammar)
         streams = serving.admit(prompts, params, "prompt", req.cache_eviction, num_choices(req))
         return await serving.respond(raw, req, prompts, streams, chat=False)
 
@@ -170,13 +173,15 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
         limits.check_request(req)
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs requires logprobs: true", "top_logprobs")
-        prompt = await asyncio.to_thread(serving.chat_prompt, req)
+        tools = tool_plan(req)
+        prompt = await asyncio.to_thread(serving.chat_prompt, req, tools)
         limits.check_prompts([prompt], "messages")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        grammar = await grammar_for(req, serving.engine.engine.grammars, tools)
         params = serving.sampling_params(req, max_tokens, len(prompt),
-                                         (req.top_logprobs or 0) if req.logprobs else None)
+                                         (req.top_logprobs or 0) if req.logprobs else None, grammar)
         streams = serving.admit([prompt], params, "messages", req.cache_eviction, req.n)
-        return await serving.respond(raw, req, [prompt], streams, chat=True)
+        return await serving.respond(raw, req, [prompt], streams, chat=True, tools=tools)
 
     @app.post("/tokenize", dependencies=auth)
     async def tokenize(req: TokenizeRequest) -> JSONResponse:

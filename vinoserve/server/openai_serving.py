@@ -13,11 +13,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from vinoserve.engine.async_engine import AsyncLLMEngine, RequestStream
 from vinoserve.engine.outputs import RequestOutput
 from vinoserve.model.generation_config import GenerationDefaults
+from vinoserve.scheduler.grammar import GrammarSpec
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.server.errors import APIError, bad_value, error_body, failure
 from vinoserve.server.limits import over_capacity
 from vinoserve.server.metrics import Metrics
 from vinoserve.server.protocol import ChatCompletionRequest, new_id, now
+from vinoserve.server.tools import ToolPlan, parse_reply, render_messages, stream_deltas
 
 
 @dataclass
@@ -47,13 +49,15 @@ class OpenAIServing:
         if model is not None and model != self.model_name:
             raise APIError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
 
-    def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
+    def chat_prompt(self, req: ChatCompletionRequest, tools: ToolPlan | None = None) -> list[int]:
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         for m in messages:
             if isinstance(m.get("content"), list):  # text parts only: this is a text model
                 m["content"] = "".join(p.get("text") or "" for p in m["content"] if p.get("type") == "text")
+        messages, extra = render_messages(messages, tools, self.tokenizer.chat_template or "")
         try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
+                                                      **extra)
         except ValueError as e:
             raise APIError(400, str(e), "messages") from e
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -67,7 +71,8 @@ class OpenAIServing:
             raise APIError(400, "prompt must not be empty", "prompt")
         return [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
 
-    def sampling_params(self, req, max_tokens: int | None, prompt_len: int, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, req, max_tokens: int | None, prompt_len: int, logprobs: int | None,
+                        grammar: GrammarSpec | None = None) -> SamplingParams:
         if not 1 <= req.n <= MAX_N:
             raise APIError(400, f"n must be in [1, {MAX_N}], got {req.n}", "n")
         best_of = num_choices(req)
@@ -81,6 +86,10 @@ class OpenAIServing:
         base, model = SamplingParams(), self.generation_defaults
         remaining = max(1, self.engine.engine.max_context - prompt_len)
         try:
+            bias = tuple((int(t), b) for t, b in (req.logit_bias or {}).items())
+        except ValueError as e:
+            raise APIError(400, "logit_bias keys must be token ids", "logit_bias") from e
+        try:
             return SamplingParams(
                 max_tokens=max_tokens if max_tokens is not None else min(model.max_tokens or remaining, remaining),
                 temperature=_first(req.temperature, model.temperature, base.temperature),
@@ -91,6 +100,7 @@ class OpenAIServing:
                 presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
                 seed=req.seed, stop=tuple(stop), stop_token_ids=tuple(req.stop_token_ids or ()),
                 ignore_eos=req.ignore_eos, min_tokens=req.min_tokens, logprobs=logprobs,
+                logit_bias=bias, grammar=grammar,
             )
         except ValueError as e:
             raise bad_value(e) from e
@@ -161,20 +171,21 @@ class OpenAIServing:
             close_all(streams)
 
     # ---- responses
-    async def respond(self, raw: Request, req, prompts: list[list[int]], streams, chat: bool):
+    async def respond(self, raw: Request, req, prompts: list[list[int]], streams, chat: bool,
+                      tools: ToolPlan | None = None):
         rid = new_id("chatcmpl" if chat else "cmpl")
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            events = self._sse(rid, prompts, streams, chat, include_usage, req.n)
+            events = self._sse(rid, prompts, streams, chat, include_usage, req.n, tools)
             return _ClosingStreamingResponse(events, streams, media_type="text/event-stream")
         best_of = num_choices(req)
         # With best_of > n the logprobs were computed to rank the choices; shown only if asked for.
         shown = best_of == req.n or req.logprobs is not None
-        return await _unless_disconnected(raw, self._complete(rid, prompts, streams, chat, best_of, req.n, shown),
+        return await _unless_disconnected(raw, self._complete(rid, prompts, streams, chat, best_of, req.n, shown, tools),
                                           streams)
 
     async def _complete(self, rid: str, prompts, streams, chat: bool, n: int = 1, keep: int | None = None,
-                        keep_logprobs: bool = True) -> JSONResponse:
+                        keep_logprobs: bool = True, tools: ToolPlan | None = None) -> JSONResponse:
         """n choices per prompt came back; `keep` of them (the most likely first) are returned."""
         choices = [_Choice(i) for i in range(len(streams))]
         async for i, out in self._merged(prompts, streams):
@@ -191,21 +202,23 @@ class OpenAIServing:
         body = {
             "id": rid, "object": "chat.completion" if chat else "text_completion", "created": now(),
             "model": self.model_name,
-            "choices": [self._final_choice(c, chat) for c in choices],
+            "choices": [self._final_choice(c, chat, tools) for c in choices],
             "usage": usage,
         }
         return JSONResponse(body)
 
-    def _final_choice(self, c: _Choice, chat: bool) -> dict:
+    def _final_choice(self, c: _Choice, chat: bool, tools: ToolPlan | None = None) -> dict:
         if chat:
             lp = {"content": c.logprobs} if c.logprobs is not None else None
-            return {"index": c.index, "message": {"role": "assistant", "content": c.text},
-                    "logprobs": lp, "finish_reason": c.finish_reason}
+            message, reason = {"role": "assistant", "content": c.text}, c.finish_reason
+            if tools is not None:
+                message, reason = parse_reply(tools, c.text, reason)
+            return {"index": c.index, "message": message, "logprobs": lp, "finish_reason": reason}
         return {"index": c.index, "text": c.text, "logprobs": _legacy_logprobs(c.logprobs),
                 "finish_reason": c.finish_reason}
 
     async def _sse(self, rid: str, prompts, streams, chat: bool, include_usage: bool,
-                   n: int = 1) -> AsyncIterator[str]:
+                   n: int = 1, tools: ToolPlan | None = None) -> AsyncIterator[str]:
         created, obj = now(), "chat.completion.chunk" if chat else "text_completion"
 
         def event(choices: list[dict], usage: dict | None = None) -> str:
@@ -220,8 +233,17 @@ class OpenAIServing:
                               "finish_reason": None}])
         tokens, cached = [0] * len(streams), [0] * len(streams)
         try:
+            held = [""] * len(streams)
             async for i, out in self._merged(prompts, streams):
                 tokens[i], cached[i] = out.num_output_tokens, out.num_cached_tokens
+                if tools is not None:  # a reply is a call or an answer only once it is whole
+                    held[i] += out.new_text
+                    if out.finished:
+                        message, reason = parse_reply(tools, held[i], out.finish_reason)
+                        for delta in stream_deltas(message):
+                            yield event([{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
+                        yield event([{"index": i, "delta": {}, "logprobs": None, "finish_reason": reason}])
+                    continue
                 # One chunk per token, even one that completes no character yet: clients can
                 # time every token (ITL), and the text stays whole-character.
                 lp = self._token_logprobs(out) if out.new_logprobs is not None else None

@@ -51,6 +51,15 @@ class _Sampling(_Request):
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
     min_tokens: Int = Field(0, ge=0)
+    prompt_logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None
+    # Structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields
+    response_format: dict | None = None
+    structured_outputs: dict | None = None
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     # vinoserve's extension: override the server's --cache-eviction settings for this request,
     # e.g. {"max_cache_size": 256} or {"enabled": false}
     cache_eviction: dict | None = None
@@ -62,6 +71,7 @@ class CompletionRequest(_Sampling):
     logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # top-k alternatives per token
     echo: bool = False
     best_of: int | None = None  # generate this many per prompt, return the n most likely
+    suffix: str | None = None
 
 
 class ContentPart(_Request):
@@ -73,6 +83,8 @@ class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict] | None = None
+    tool_call_id: str | None = None
 
 
 class ChatCompletionRequest(_Sampling):
@@ -81,6 +93,9 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool = True
 
 
 class TokenizeRequest(_Request):
