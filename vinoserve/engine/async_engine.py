@@ -174,9 +174,10 @@ class AsyncLLMEngine:
     def _run(self) -> None:
         try:
             while self._drain_inbox(block=not self.engine.has_unfinished_requests):
-                for out in self.engine.step():
+                outputs = self.engine.step()
+                self._publish()  # before delivering, so a client that saw a token sees the stats behind it
+                for out in outputs:
                     self._deliver(out)
-                self._publish()
         except BaseException as e:  # a fault outside any one request: fail every caller rather than hang them
             log.exception("engine loop died")
             self.error = e
