@@ -120,7 +120,12 @@ def test_forked_choices_equal_choices_computed_alone_and_share_one_prefill(tiny,
     engine = _engine(path, prefix=prefix, budget=256)
     computed = []
     step = engine.runner.step
-    engine.runner.step = lambda chunks, rot=None: (computed.extend(len(c.token_ids) for c in chunks), step(chunks, rot))[1]
+
+    def counting_step(chunks, rotation=None):
+        computed.extend(len(c.token_ids) for c in chunks)
+        return step(chunks, rotation)
+
+    engine.runner.step = counting_step
     assert _run_choices(engine, prompt, params, fork=True) == alone
     assert len({tuple(c) for c in alone}) == 3, "seeds 5, 6, 7 should give different choices"
     assert sum(computed) == prompt_len + 3 * 9, "the prompt is computed once, then each choice decodes"

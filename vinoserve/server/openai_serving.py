@@ -114,7 +114,8 @@ class OpenAIServing:
         streams = []
         for i in range(n):
             choice = replace(params, seed=None if params.seed is None else params.seed + i)
-            outputs = self.engine.submit(ids, choice, f"{group}-{i}", cache_eviction, fork_of=f"{group}-0" if i else None)
+            outputs = self.engine.submit(ids, choice, f"{group}-{i}", cache_eviction,
+                                         fork_of=f"{group}-0" if i else None)
             streams.append(self._stream(len(ids) if i == 0 else 0, outputs))  # the prompt counts once
         return streams
 
@@ -183,7 +184,8 @@ class OpenAIServing:
             c.cached_tokens = out.num_cached_tokens
             if out.new_logprobs is not None:
                 c.logprobs = (c.logprobs or []) + self._token_logprobs(out)
-        usage = _usage(sum(map(len, prompts)), sum(c.tokens for c in choices), sum(c.cached_tokens for c in choices[::n]))
+        usage = _usage(sum(map(len, prompts)), sum(c.tokens for c in choices),
+                       sum(c.cached_tokens for c in choices[::n]))
         if keep is not None and keep < n:
             choices = _best_of(choices, n, keep, keep_logprobs)
         body = {
