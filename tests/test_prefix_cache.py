@@ -120,7 +120,12 @@ def test_forked_choices_equal_choices_computed_alone_and_share_one_prefill(tiny,
     engine = _engine(path, prefix=prefix, budget=256)
     computed = []
     step = engine.runner.step
-    engine.runner.step = lambda chunks, rot=None: (computed.extend(len(c.token_ids) for c in chunks), step(chunks, rot))[1]
+
+    def counting_step(chunks, rotation=None):
+        computed.extend(len(c.token_ids) for c in chunks)
+        return step(chunks, rotation)
+
+    engine.runner.step = counting_step
     assert _run_choices(engine, prompt, params, fork=True) == alone
     assert len({tuple(c) for c in alone}) == 3, "seeds 5, 6, 7 should give different choices"
     assert sum(computed) == prompt_len + 3 * 9, "the prompt is computed once, then each choice decodes"
@@ -138,3 +143,14 @@ def test_aborting_the_first_choice_lets_the_others_compute_the_prompt(tiny):
         outs += engine.step()
     assert {o.request_id for o in outs} == {"c1"} and outs[-1].finished
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+def test_cli_flags_and_environment(monkeypatch, capsys):
+    from vinoserve.cli import _engine_config, build_parser, main
+
+    assert _engine_config(build_parser().parse_args(["serve"])).prefix_caching
+    assert not _engine_config(build_parser().parse_args(["serve", "--no-enable-prefix-caching"])).prefix_caching
+    monkeypatch.setenv("VINOSERVE_ENABLE_PREFIX_CACHING", "false")
+    assert not _engine_config(build_parser().parse_args(["serve"])).prefix_caching
+    assert main(["serve", "--cache-eviction", "32,128,672", "--enable-prefix-caching"]) == 1
+    assert "prefix caching and cache eviction" in capsys.readouterr().err

@@ -126,3 +126,27 @@ def test_hit_needs_matching_tokens_and_leaves_the_last_token():
     assert not set(fresh) & set(table)
     alloc.allocate()  # the least recently freed cached block: the last one, freed first
     assert cache.match([], get, 13) == table[:2]
+
+
+def test_a_prefix_shared_by_simultaneous_arrivals_is_computed_once():
+    blocks = BlockManager(32, BLOCK, prefix_salt=b"test")
+    sched = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=8, watermark=0), blocks)
+    prefix = BASE[:12]  # three blocks
+    seqs = [Sequence(f"r{i}", prefix + [100 + i, 101 + i], SamplingParams(max_tokens=1)) for i in range(3)]
+    for s in seqs:
+        sched.add(s)
+    computed = 0
+    while sched.has_unfinished:
+        out = sched.schedule()
+        for s in out.scheduled:
+            s.seq.num_computed_tokens += s.num_tokens
+            computed += s.num_tokens
+        sched.cache_computed([s.seq for s in out.scheduled])
+        for s in out.scheduled:
+            if s.samples:
+                s.seq.output_token_ids.append(1)
+                sched.finish(s.seq, SequenceStatus.FINISHED, "length")
+    assert computed == 14 + 2 * 2, "the 12 shared tokens once, then each request's own 2"
+    assert [s.num_cached_prompt_tokens for s in seqs] == [0, 12, 12]
+    assert blocks.prefix.num_queried_tokens == 3 * 14 and blocks.prefix.num_hit_tokens == 24
+    assert blocks.num_free_blocks == 32

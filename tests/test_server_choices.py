@@ -84,4 +84,5 @@ def test_best_of_returns_the_most_likely_of_the_choices(client):
     assert best.usage.completion_tokens == all3.usage.completion_tokens  # every generated token is billed
     two = client.completions.create(n=2, best_of=3, logprobs=0, **kw)
     assert [c.index for c in two.choices] == [0, 1]
-    assert [c.text for c in two.choices] == [all3.choices[i].text for i in sorted(range(3), key=lambda i: -totals[i])[:2]]
+    ranked = sorted(range(3), key=lambda i: -totals[i])
+    assert [c.text for c in two.choices] == [all3.choices[i].text for i in ranked[:2]]

@@ -31,7 +31,8 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
     p.add_argument("--model", required=True, help="the model id the server expects")
     p.add_argument("--api-key", default=None)
-    p.add_argument("--workload", choices=("random", "sharegpt", "prefix-repetition", "text", "multi-turn"), default="random")
+    p.add_argument("--workload", choices=("random", "sharegpt", "prefix-repetition", "text", "multi-turn"),
+                   default="random")
     p.add_argument("--dataset-path", type=Path, help="ShareGPT JSON or plain text file")
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-len", type=int, default=256, help="words per prompt (about 1.3 tokens each)")

@@ -71,7 +71,8 @@ def multi_turn_workload(num_conversations: int, turns: int, first_len: int, turn
         prompt = f"User: {' '.join(rng.choice(words, first_len))}\nAssistant:"
         for t in range(turns):
             out.append(BenchRequest(prompt, output_len, conversation=c, turn=t))
-            prompt += f" {' '.join(rng.choice(words, output_len))}\nUser: {' '.join(rng.choice(words, turn_len))}\nAssistant:"
+            answer, user = " ".join(rng.choice(words, output_len)), " ".join(rng.choice(words, turn_len))
+            prompt += f" {answer}\nUser: {user}\nAssistant:"
     return out
 
 

@@ -196,7 +196,8 @@ class OpenAIServing:
             c.cached_tokens = out.num_cached_tokens
             if out.new_logprobs is not None:
                 c.logprobs = (c.logprobs or []) + self._token_logprobs(out)
-        usage = _usage(sum(map(len, prompts)), sum(c.tokens for c in choices), sum(c.cached_tokens for c in choices[::n]))
+        usage = _usage(sum(map(len, prompts)), sum(c.tokens for c in choices),
+                       sum(c.cached_tokens for c in choices[::n]))
         if keep is not None and keep < n:
             choices = _best_of(choices, n, keep, keep_logprobs)
         body = {
