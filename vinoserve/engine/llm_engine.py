@@ -14,6 +14,7 @@ from vinoserve.cache.kv_cache import KVCache, num_blocks_for_bytes
 from vinoserve.engine.evictor import Evictor, SequenceEviction
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.engine.outputs import RequestMetrics, RequestOutput
+from vinoserve.engine.prompt_logprobs import PromptLogprobs
 from vinoserve.engine.text_output import TextOutput
 from vinoserve.model.graph import WeightFormat
 from vinoserve.model.loader import LoadedModel, load_model
@@ -62,6 +63,7 @@ class _Request:
     sampling: SamplingState
     metrics: RequestMetrics
     eviction: SequenceEviction | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class LLMEngine:
@@ -126,7 +128,9 @@ class LLMEngine:
         sampling = SamplingState(params, seq.prompt_token_ids, seq.output_token_ids, self.eos_token_ids,
                                  self.grammars.matcher(params.grammar) if params.grammar else None)
         self._requests[request_id] = _Request(seq, TextOutput(self.tokenizer, params.stop), sampling,
-                                              RequestMetrics(seq.arrival_time), eviction)
+                                              RequestMetrics(seq.arrival_time), eviction,
+                                              None if params.prompt_logprobs is None else
+                                              PromptLogprobs(seq.prompt_token_ids, params.prompt_logprobs))
         self.scheduler.add(seq)
         return ids
 
@@ -147,7 +151,7 @@ class LLMEngine:
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         if any(t >= vocab for t, _ in params.logit_bias):
-            raise ValueError(f"logit_bias: token ids must be in [0, {vocab})")
+            raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
         total = len(ids) + params.max_tokens
         if total > self.max_context:
             raise ValueError(f"this model's maximum context length is {self.max_context} tokens; the prompt "
@@ -201,9 +205,12 @@ class LLMEngine:
         # Sampling chunks ask for one row each and the rest for none, so the runner's rows are
         # exactly the rows to sample, already in order.
         sampled = [r for s, r in zip(plan.scheduled, reqs) if s.samples]
+        rows = result.rows
+        if any(r.prompt_logprobs is not None for r in reqs):
+            rows = self._collect_prompt_logprobs(plan.scheduled, reqs, chunks, result.logits)
         if not sampled:
             return []
-        out = self.sampler.sample(result.rows, [r.sampling for r in sampled])
+        out = self.sampler.sample(rows, [r.sampling for r in sampled])
         outputs = [self._append(r, int(out.token_ids[i]), float(out.logprobs[i]), out.top_logprobs[i])
                    for i, r in enumerate(sampled)]
         for r in sampled:
@@ -217,9 +224,23 @@ class LLMEngine:
         # Without rotation, kept keys stay at their original positions, so new tokens do too;
         # with it (or without eviction) positions are the compacted cache positions.
         first_position = start if ev is not None and not ev.state.config.rotation else None
+        wanted = 1 if s.samples else 0
+        if req.prompt_logprobs is not None:
+            wanted = req.prompt_logprobs.logits_wanted(start, s.num_tokens, s.samples)
         return ScheduledChunk(seq.token_ids(start, start + s.num_tokens), seq.num_cached_tokens, seq.block_tables,
-                              1 if s.samples else 0, first_position,
+                              wanted, first_position,
                               Evictor.score_window(ev, s.samples, s.num_tokens))
+
+    @staticmethod
+    def _collect_prompt_logprobs(scheduled: list[ScheduledSequence], reqs: list[_Request],
+                                 chunks: list[ScheduledChunk], logits: list[np.ndarray]) -> np.ndarray:
+        """Hand prompt-scoring chunks' rows to their requests; returns the rows to sample, one per
+        sampling chunk (its last), in order."""
+        for s, r, chunk, rows in zip(scheduled, reqs, chunks, logits):
+            if r.prompt_logprobs is not None:
+                r.prompt_logprobs.add(s.seq.num_computed_tokens - len(chunk.token_ids), rows)
+        last = [rows[-1] for s, rows in zip(scheduled, logits) if s.samples]
+        return np.stack(last) if last else np.empty((0, logits[0].shape[1]), np.float32)
 
     @staticmethod
     def _collect_scores(chunks: list[ScheduledChunk], reqs: list[_Request], scores: list[np.ndarray]) -> None:
@@ -249,7 +270,10 @@ class LLMEngine:
             req.metrics.finished_time = time.monotonic()
             del self._requests[seq.request_id]
         logprobs = [(logprob, top or [])] if params.logprobs is not None else None
-        return self._output(req, [token], text, logprobs)
+        out = self._output(req, [token], text, logprobs)
+        if req.prompt_logprobs is not None:
+            out.prompt_logprobs = req.prompt_logprobs.take()
+        return out
 
     def _output(self, req: _Request, tokens: list[int], text: str, logprobs=None) -> RequestOutput:
         seq = req.seq

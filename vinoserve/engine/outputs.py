@@ -24,6 +24,8 @@ class RequestOutput:
     # Per new token: (logprob of the chosen token, top alternatives) when the request asked.
     new_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
     metrics: RequestMetrics | None = None
+    # With prompt_logprobs, on the first output: per prompt token (logprob, top), None for the first
+    prompt_logprobs: list | None = None
 
 
 @dataclass

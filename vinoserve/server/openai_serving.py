@@ -5,7 +5,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -14,6 +14,7 @@ from vinoserve.engine.async_engine import AsyncLLMEngine
 from vinoserve.engine.outputs import RequestOutput
 from vinoserve.scheduler.grammar import GrammarSpec
 from vinoserve.scheduler.sampling_params import SamplingParams
+from vinoserve.server.echo import PromptScoring, echo_entries, vllm_prompt_logprobs
 from vinoserve.server.errors import APIError, bad_value
 from vinoserve.server.metrics import Metrics
 from vinoserve.server.protocol import ChatCompletionRequest, new_id, now
@@ -30,6 +31,8 @@ class _Choice:
     tokens: int = 0
     finish_reason: str | None = None
     logprobs: list | None = None
+    prompt_ids: list[int] = field(default_factory=list)
+    prompt_logprobs: list | None = None  # the engine's per prompt token (logprob, top, rank)
 
 
 class OpenAIServing:
@@ -65,7 +68,7 @@ class OpenAIServing:
         return [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
 
     def sampling_params(self, req, max_tokens: int | None, prompt_len: int, logprobs: int | None,
-                        grammar: GrammarSpec | None = None) -> SamplingParams:
+                        grammar: GrammarSpec | None = None, prompt_logprobs: int | None = None) -> SamplingParams:
         if req.n != 1:
             raise APIError(400, "n > 1 is not supported yet; send n separate requests", "n")
         stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
@@ -84,7 +87,7 @@ class OpenAIServing:
                 presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
                 seed=req.seed, stop=tuple(stop), stop_token_ids=tuple(req.stop_token_ids or ()),
                 ignore_eos=req.ignore_eos, min_tokens=req.min_tokens, logprobs=logprobs,
-                logit_bias=bias, grammar=grammar,
+                logit_bias=bias, grammar=grammar, prompt_logprobs=prompt_logprobs,
             )
         except ValueError as e:
             raise bad_value(e) from e
@@ -147,18 +150,24 @@ class OpenAIServing:
 
     # ---- responses
     async def respond(self, raw: Request, req, prompts: list[list[int]], streams, chat: bool,
-                      tools: ToolPlan | None = None):
+                      tools: ToolPlan | None = None, scoring: PromptScoring = PromptScoring()):
         rid = new_id("chatcmpl" if chat else "cmpl")
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            events = self._sse(rid, prompts, streams, chat, include_usage, tools)
+            events = self._sse(rid, prompts, streams, chat, include_usage, tools, scoring)
             return StreamingResponse(events, media_type="text/event-stream")
-        return await _unless_disconnected(raw, self._complete(rid, prompts, streams, chat, tools))
+        return await _unless_disconnected(raw, self._complete(rid, prompts, streams, chat, tools, scoring))
 
-    async def _complete(self, rid: str, prompts, streams, chat: bool, tools: ToolPlan | None = None) -> JSONResponse:
-        choices = [_Choice(i, len(p)) for i, p in enumerate(prompts)]
+    async def _complete(self, rid: str, prompts, streams, chat: bool, tools: ToolPlan | None = None,
+                        scoring: PromptScoring = PromptScoring()) -> JSONResponse:
+        choices = [_Choice(i, len(p), prompt_ids=p) for i, p in enumerate(prompts)]
         async for i, out in self._merged(streams):
             c = choices[i]
+            if out.prompt_logprobs is not None:
+                c.prompt_logprobs = out.prompt_logprobs
+            if scoring.score_only:
+                c.finish_reason = "length"
+                continue
             c.text += out.new_text
             c.tokens = out.num_output_tokens
             c.finish_reason = out.finish_reason
@@ -170,7 +179,21 @@ class OpenAIServing:
             "choices": [self._final_choice(c, chat, tools) for c in choices],
             "usage": _usage(sum(c.prompt_len for c in choices), sum(c.tokens for c in choices)),
         }
+        if scoring.echo:
+            for c, choice in zip(choices, body["choices"]):
+                self._echo(c, choice, scoring)
+        if scoring.prompt_logprobs is not None:  # per choice for completions, once for chat, as vLLM does
+            for c, choice in zip(choices, body["choices"]):
+                (body if chat else choice)["prompt_logprobs"] = vllm_prompt_logprobs(
+                    c.prompt_ids, c.prompt_logprobs or [], scoring.prompt_logprobs, self._token_entry)
         return JSONResponse(body)
+
+    def _echo(self, c: _Choice, choice: dict, scoring: PromptScoring) -> None:
+        """Completions' echo: the prompt's text, and its tokens' logprobs, before the output's."""
+        choice["text"] = self.tokenizer.decode(c.prompt_ids, skip_special_tokens=False) + choice["text"]
+        if scoring.echo_logprobs is not None:
+            entries = echo_entries(c.prompt_ids, c.prompt_logprobs or [], self._token_entry)
+            choice["logprobs"] = _legacy_logprobs(entries + (c.logprobs or []))
 
     def _final_choice(self, c: _Choice, chat: bool, tools: ToolPlan | None = None) -> dict:
         if chat:
@@ -183,7 +206,7 @@ class OpenAIServing:
                 "finish_reason": c.finish_reason}
 
     async def _sse(self, rid: str, prompts, streams, chat: bool, include_usage: bool,
-                   tools: ToolPlan | None = None) -> AsyncIterator[str]:
+                   tools: ToolPlan | None = None, scoring: PromptScoring = PromptScoring()) -> AsyncIterator[str]:
         created, obj = now(), "chat.completion.chunk" if chat else "text_completion"
 
         def event(choices: list[dict], usage: dict | None = None) -> str:
@@ -199,6 +222,7 @@ class OpenAIServing:
         tokens = [0] * len(prompts)
         try:
             held = [""] * len(prompts)
+            echoed = [False] * len(prompts)
             async for i, out in self._merged(streams):
                 tokens[i] = out.num_output_tokens
                 if tools is not None:  # a reply is a call or an answer only once it is whole
@@ -212,12 +236,23 @@ class OpenAIServing:
                 # One chunk per token, even one that completes no character yet: clients can
                 # time every token (ITL), and the text stays whole-character.
                 lp = self._token_logprobs(out) if out.new_logprobs is not None else None
+                text, reason = out.new_text, out.finish_reason
+                if scoring.score_only:
+                    text, lp, reason, tokens[i] = "", None if lp is None else [], "length", 0
+                if scoring.echo and not echoed[i]:  # the first output: the prompt is scored by now
+                    echoed[i] = True
+                    text = self.tokenizer.decode(prompts[i], skip_special_tokens=False) + text
+                    if scoring.echo_logprobs is not None:
+                        lp = echo_entries(prompts[i], out.prompt_logprobs or [], self._token_entry) + (lp or [])
                 if chat:
-                    delta = {"content": out.new_text} if out.new_text or not out.finished else {}
+                    delta = {"content": text} if text or not out.finished else {}
                     choice = {"index": i, "delta": delta, "logprobs": {"content": lp} if lp else None}
                 else:
-                    choice = {"index": i, "text": out.new_text, "logprobs": _legacy_logprobs(lp)}
-                choice["finish_reason"] = out.finish_reason if out.finished else None
+                    choice = {"index": i, "text": text, "logprobs": _legacy_logprobs(lp)}
+                    if scoring.prompt_logprobs is not None and out.prompt_logprobs is not None:
+                        choice["prompt_logprobs"] = vllm_prompt_logprobs(prompts[i], out.prompt_logprobs,
+                                                                         scoring.prompt_logprobs, self._token_entry)
+                choice["finish_reason"] = reason if out.finished else None
                 yield event([choice])
         except (APIError, ValueError, RuntimeError) as e:
             yield f"data: {json.dumps({'error': {'message': str(e), 'type': 'server_error'}})}\n\n"
@@ -249,7 +284,8 @@ def _legacy_logprobs(entries: list[dict] | None) -> dict | None:
         offsets.append(pos)
         pos += len(e["token"])
     return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "top_logprobs": [None if e["top_logprobs"] is None else {t["token"]: t["logprob"] for t in e["top_logprobs"]}
+                             for e in entries],
             "text_offset": offsets}
 
 
