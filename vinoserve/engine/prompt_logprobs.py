@@ -23,10 +23,12 @@ class PromptLogprobs:
 
     def add(self, start: int, rows: np.ndarray) -> None:
         """Record the logits rows [n, V] of prompt positions start, start + 1, ..."""
-        targets = self.prompt_token_ids[start + 1:start + 1 + len(rows)]
+        # A prefill recomputed after preemption scores positions again: keep the first scores.
+        skip = max(0, len(self.entries) - (start + 1))
+        targets = self.prompt_token_ids[start + 1 + skip:start + 1 + len(rows)]
         if not targets:
             return
-        rows = rows[:len(targets)].astype(np.float64)  # log-softmax in f64: no rounding of our own
+        rows = rows[skip:skip + len(targets)].astype(np.float64)  # log-softmax in f64: no rounding of our own
         peak = rows.max(axis=1, keepdims=True)
         lse = peak[:, 0] + np.log(np.exp(rows - peak).sum(axis=1))
         own = rows[np.arange(len(targets)), targets]
