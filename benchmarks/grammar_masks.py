@@ -3,7 +3,8 @@
 For B constrained sequences (JSON schema) and a vocabulary of V tokens, times Sampler.sample over
 [B, V] logits with and without grammars (paired, interleaved, medians of repeats): the difference
 is what structured outputs add to a step (batched mask fill, masking, advancing the matchers).
-The engine's decode step for B greedy SmolLM2 sequences is measured beside it.
+The sampler runs on random logits, a worst case for the grammar (random tokens in free strings).
+Beside it, the engine's decode step for B SmolLM2 sequences, free and held to the same schema.
 
     PYTHONPATH=. python benchmarks/grammar_masks.py [--repeats 5] [--steps 40]
 """
@@ -53,11 +54,15 @@ def sample_cost(compiler: GrammarCompiler, vocab: int, batch: int, steps: int, r
     return statistics.median(times)
 
 
-def engine_step(engine: LLMEngine, batch: int, steps: int) -> float:
-    """Mean seconds per decode step of `batch` greedy sequences (prefill excluded)."""
+def engine_step(engine: LLMEngine, batch: int, steps: int, guided: bool) -> float:
+    """Mean seconds per decode step of `batch` sampled sequences (prefill excluded), each held to
+    SCHEMA when `guided`: the model's own tokens, so the grammar states are realistic ones."""
+    grammar = GrammarSpec.json_schema(SCHEMA) if guided else None
     for i in range(batch):
-        engine.add_request(f"b{batch}-{i}-{time.monotonic_ns()}", f"Tell me a story about the number {i}.",
-                           SamplingParams(max_tokens=steps + 1, temperature=0, ignore_eos=True))
+        prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": f"Describe person {i} in JSON."}])
+        engine.add_request(f"b{batch}-{i}-{time.monotonic_ns()}", prompt,
+                           SamplingParams(max_tokens=steps + 1, temperature=1.0, seed=i, ignore_eos=True,
+                                          grammar=grammar))
     engine.step()
     while engine.stats.num_generated_tokens == 0 or any(not r.seq.output_token_ids for r in engine._requests.values()):
         engine.step()
@@ -70,7 +75,8 @@ def engine_step(engine: LLMEngine, batch: int, steps: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--steps", type=int, default=40, help="sampler steps per measurement")
+    ap.add_argument("--engine-steps", type=int, default=16, help="engine decode steps per measurement")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     engine = LLMEngine(EngineConfig(), log=lambda m: None)
@@ -79,19 +85,21 @@ def main() -> None:
     special = sorted(tok.special_token_ids)
     vocabs = {"SmolLM2 49,152": tok.token_bytes, "synthetic 151,936": synthetic_vocab(tok.token_bytes, 151936, rng)}
     print("CPU:", open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(" \t:"))
-    print(f"{'vocab':>18} {'B':>3} {'sample ms':>10} {'guided ms':>10} {'grammar ms':>11} {'engine step ms':>15}")
+    print(f"{'vocab':>18} {'B':>3} {'sample ms':>10} {'guided ms':>10} {'grammar ms':>11} "
+          f"{'engine step ms':>15} {'guided step ms':>15}")
     for name, tokens in vocabs.items():
         compiler = GrammarCompiler(tokens, len(tokens), engine.eos_token_ids, special, encode)
         for batch in (1, 16, 64):
-            plain, guided, step = [], [], []
+            plain, guided, step, guided_step = [], [], [], []
             for _ in range(args.repeats):  # interleaved, so drifting load hits both alike
                 plain.append(sample_cost(compiler, len(tokens), batch, args.steps, rng, False))
                 guided.append(sample_cost(compiler, len(tokens), batch, args.steps, rng, True))
                 if name.startswith("SmolLM2"):
-                    step.append(engine_step(engine, batch, 8))
+                    step.append(engine_step(engine, batch, args.engine_steps, False))
+                    guided_step.append(engine_step(engine, batch, args.engine_steps, True))
             p, g = statistics.median(plain), statistics.median(guided)
-            s = f"{statistics.median(step) * 1e3:15.2f}" if step else f"{'-':>15}"
-            print(f"{name:>18} {batch:3d} {p * 1e3:10.3f} {g * 1e3:10.3f} {(g - p) * 1e3:11.3f} {s}", flush=True)
+            steps = "".join(f"{statistics.median(x) * 1e3:16.2f}" if x else f"{'-':>16}" for x in (step, guided_step))
+            print(f"{name:>18} {batch:3d} {p * 1e3:10.3f} {g * 1e3:10.3f} {(g - p) * 1e3:11.3f}{steps}", flush=True)
 
 
 if __name__ == "__main__":
