@@ -7,7 +7,8 @@ reach (probability exactly 0); once a grammar is complete only the stop tokens r
 so the request ends with EOS.
 
 llguidance rather than xgrammar (which needs torch to import) or outlines-core (regex only, and
-a compiled index per schema costs tens of ms): see benchmarks/grammar_masks.py.
+a compiled index per schema costs tens of ms): see docs/structured-outputs.md; the per-step cost
+is measured by benchmarks/grammar_masks.py.
 """
 from __future__ import annotations
 
