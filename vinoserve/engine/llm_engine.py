@@ -16,6 +16,7 @@ from vinoserve.engine.evictor import Evictor, SequenceEviction
 from vinoserve.engine.memory import available_memory_bytes
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.engine.outputs import RequestMetrics, RequestOutput
+from vinoserve.engine.prompt_logprobs import PromptLogprobs
 from vinoserve.engine.text_output import TextOutput
 from vinoserve.model.graph import WeightFormat
 from vinoserve.model.loader import LoadedModel, load_model
@@ -77,6 +78,7 @@ class _Request:
     sampling: SamplingState
     metrics: RequestMetrics
     eviction: SequenceEviction | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class LLMEngine:
@@ -148,11 +150,13 @@ class LLMEngine:
         sampling = SamplingState(params, seq.prompt_token_ids, seq.output_token_ids, self.eos_token_ids,
                                  self.grammars.matcher(params.grammar) if params.grammar else None)
         req = _Request(seq, TextOutput(self.tokenizer, params.stop), sampling, RequestMetrics(seq.arrival_time),
-                       eviction)
+                       eviction, None if params.prompt_logprobs is None else
+                       PromptLogprobs(seq.prompt_token_ids, params.prompt_logprobs))
         self._requests[request_id] = req
         parent = self._requests.get(fork_of) if fork_of is not None else None
+        # A choice that scores its prompt computes it itself: a fork would have no prompt logits.
         if (parent is not None and self.evictor is None and not parent.seq.output_token_ids
-                and parent.seq.prompt_token_ids == ids):
+                and parent.seq.prompt_token_ids == ids and params.prompt_logprobs is None):
             self._forks.setdefault(fork_of, []).append(req)
         else:  # nothing to fork from (any more): computed on its own, from the prefix cache where it can
             self.scheduler.add(seq)
@@ -175,7 +179,7 @@ class LLMEngine:
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         if any(t >= vocab for t, _ in params.logit_bias):
-            raise ValueError(f"logit_bias: token ids must be in [0, {vocab})")
+            raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
         total = len(ids) + params.max_tokens
         if total > self.max_context:
             raise ValueError(f"this model's maximum context length is {self.max_context} tokens; the prompt "
@@ -237,9 +241,12 @@ class LLMEngine:
         # Sampling chunks ask for one row each and the rest for none, so the runner's rows are
         # exactly the rows to sample, already in order.
         sampled = [r for s, r in zip(plan.scheduled, reqs) if s.samples]
+        rows = result.rows
+        if any(r.prompt_logprobs is not None for r in reqs):
+            rows = self._collect_prompt_logprobs(plan.scheduled, reqs, chunks, result.logits)
         if not sampled:
             return []
-        rows = self._fork_choices(sampled, result.rows, now)
+        rows = self._fork_choices(sampled, rows, now)
         picks = self._sample(rows, sampled)
         outputs = [self._fail(r, pick) if isinstance(pick, Exception) else self._append_or_fail(r, *pick)
                    for r, pick in zip(sampled, picks)]
@@ -268,9 +275,23 @@ class LLMEngine:
         # Without rotation, kept keys stay at their original positions, so new tokens do too;
         # with it (or without eviction) positions are the compacted cache positions.
         first_position = start if ev is not None and not ev.state.config.rotation else None
+        wanted = 1 if s.samples else 0
+        if req.prompt_logprobs is not None:
+            wanted = req.prompt_logprobs.logits_wanted(start, s.num_tokens, s.samples)
         return ScheduledChunk(seq.token_ids(start, start + s.num_tokens), seq.num_cached_tokens, seq.block_tables,
-                              1 if s.samples else 0, first_position,
+                              wanted, first_position,
                               Evictor.score_window(ev, s.samples, s.num_tokens))
+
+    @staticmethod
+    def _collect_prompt_logprobs(scheduled: list[ScheduledSequence], reqs: list[_Request],
+                                 chunks: list[ScheduledChunk], logits: list[np.ndarray]) -> np.ndarray:
+        """Hand prompt-scoring chunks' rows to their requests; returns the rows to sample, one per
+        sampling chunk (its last), in order."""
+        for s, r, chunk, rows in zip(scheduled, reqs, chunks, logits):
+            if r.prompt_logprobs is not None:
+                r.prompt_logprobs.add(s.seq.num_computed_tokens - len(chunk.token_ids), rows)
+        last = [rows[-1] for s, rows in zip(scheduled, logits) if s.samples]
+        return np.stack(last) if last else np.empty((0, logits[0].shape[1]), np.float32)
 
     @staticmethod
     def _collect_scores(chunks: list[ScheduledChunk], reqs: list[_Request], scores: list[np.ndarray]) -> None:
@@ -333,7 +354,10 @@ class LLMEngine:
             req.metrics.finished_time = time.monotonic()
             del self._requests[seq.request_id]
         logprobs = [(logprob, top or [])] if params.logprobs is not None else None
-        return self._output(req, [token], text, logprobs)
+        out = self._output(req, [token], text, logprobs)
+        if req.prompt_logprobs is not None:
+            out.prompt_logprobs = req.prompt_logprobs.take()
+        return out
 
     def _output(self, req: _Request, tokens: list[int], text: str, logprobs=None) -> RequestOutput:
         seq = req.seq

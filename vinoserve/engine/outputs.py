@@ -26,6 +26,8 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache, not computed
     error: str | None = None  # set, with finish_reason "error", when this request's own handling failed
+    # With prompt_logprobs, on the first output: per prompt token (logprob, top), None for the first
+    prompt_logprobs: list | None = None
 
 
 @dataclass

@@ -28,6 +28,7 @@ class SamplingParams:
     logprobs: int | None = None  # k: the chosen token's logprob plus the top k
     stop: tuple[str, ...] = ()  # matched on text by the engine's detokenizer
     n: int = 1
+    prompt_logprobs: int | None = None  # k: each prompt token's logprob plus the top k
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), as OpenAI's map
     grammar: GrammarSpec | None = None  # structured output: every token must keep the grammar satisfiable
 
@@ -65,6 +66,8 @@ class SamplingParams:
             _fail("frequency_penalty", "must be in [-2, 2]", self.frequency_penalty)
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             _fail("logprobs", f"must be in [0, {MAX_LOGPROBS}]", self.logprobs)
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            _fail("prompt_logprobs", f"must be in [0, {MAX_LOGPROBS}]", self.prompt_logprobs)
         if not 0 <= self.min_tokens <= self.max_tokens:
             _fail("min_tokens", f"must be in [0, max_tokens={self.max_tokens}]", self.min_tokens)
         for token, bias in self.logit_bias:

@@ -101,12 +101,12 @@ class Scheduler:
     def _cached_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks `seq` can start from ([] without prefix caching)."""
         prefix = self.blocks.prefix
-        if prefix is None:
+        if prefix is None or _scores_prompt(seq):
             return []
         return prefix.match(seq.block_hashes, seq.token_ids, seq.num_tokens)
 
     def _waits_for(self, seq: Sequence, num_hits: int, pending: set[bytes]) -> bool:
-        return num_hits < len(seq.block_hashes) and seq.block_hashes[num_hits] in pending
+        return not _scores_prompt(seq) and num_hits < len(seq.block_hashes) and seq.block_hashes[num_hits] in pending
 
     def _admit(self, seq: Sequence, hits: list[int]) -> None:
         first = seq.status is SequenceStatus.WAITING
@@ -188,3 +188,8 @@ class Scheduler:
         self.blocks.free(seq.block_tables)
         seq.status = status
         seq.finish_reason = reason
+
+
+def _scores_prompt(seq: Sequence) -> bool:
+    """A request asking for prompt logprobs needs logits at every prompt token: it computes them all."""
+    return seq.params.prompt_logprobs is not None

@@ -25,6 +25,7 @@ from vinoserve.server.errors import APIError
 from vinoserve.server.limits import BodySizeLimit, Limits
 from vinoserve.server.metrics import Metrics
 from vinoserve.server.openai_serving import OpenAIServing, num_choices
+from vinoserve.server.echo import fill_in_the_middle, prompt_scoring
 from vinoserve.server.structured import grammar_for
 from vinoserve.server.tools import tool_plan
 from vinoserve.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
@@ -155,16 +156,18 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
         serving = state.ready()
         serving.check_model(req.model)
         limits.check_request(req)
-        if req.echo:
-            raise APIError(400, "echo is not supported", "echo")
         prompts = await asyncio.to_thread(serving.completion_prompts, req.prompt)  # big prompts take ms
+        if req.suffix is not None:
+            prompts = fill_in_the_middle(serving.tokenizer, prompts, req.suffix)
         limits.check_prompts(prompts, "prompt")
         k = req.logprobs
+        max_tokens = req.max_tokens if req.max_tokens is not None else 16
+        scoring = prompt_scoring(req, True, max_tokens)
         grammar = await grammar_for(req, serving.engine.engine.grammars)
-        params = serving.sampling_params(req, req.max_tokens if req.max_tokens is not None else 16,
-                                         max(map(len, prompts)), k, grammar)
+        params = serving.sampling_params(req, 1 if scoring.score_only else max_tokens, max(map(len, prompts)), k,
+                                         grammar, scoring.engine_k)
         streams = serving.admit(prompts, params, "prompt", req.cache_eviction, num_choices(req))
-        return await serving.respond(raw, req, prompts, streams, chat=False)
+        return await serving.respond(raw, req, prompts, streams, chat=False, scoring=scoring)
 
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat(req: ChatCompletionRequest, raw: Request) -> Response:
@@ -178,10 +181,12 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
         limits.check_prompts([prompt], "messages")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         grammar = await grammar_for(req, serving.engine.engine.grammars, tools)
+        scoring = prompt_scoring(req, False, max_tokens)
         params = serving.sampling_params(req, max_tokens, len(prompt),
-                                         (req.top_logprobs or 0) if req.logprobs else None, grammar)
+                                         (req.top_logprobs or 0) if req.logprobs else None, grammar,
+                                         scoring.engine_k)
         streams = serving.admit([prompt], params, "messages", req.cache_eviction, req.n)
-        return await serving.respond(raw, req, [prompt], streams, chat=True, tools=tools)
+        return await serving.respond(raw, req, [prompt], streams, chat=True, tools=tools, scoring=scoring)
 
     @app.post("/tokenize", dependencies=auth)
     async def tokenize(req: TokenizeRequest) -> JSONResponse:

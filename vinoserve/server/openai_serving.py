@@ -5,7 +5,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -15,6 +15,7 @@ from vinoserve.engine.outputs import RequestOutput
 from vinoserve.model.generation_config import GenerationDefaults
 from vinoserve.scheduler.grammar import GrammarSpec
 from vinoserve.scheduler.sampling_params import SamplingParams
+from vinoserve.server.echo import PromptScoring, echo_entries, vllm_prompt_logprobs
 from vinoserve.server.errors import APIError, bad_value, error_body, failure
 from vinoserve.server.limits import over_capacity
 from vinoserve.server.metrics import Metrics
@@ -32,6 +33,8 @@ class _Choice:
     finish_reason: str | None = None
     logprobs: list | None = None
     cached_tokens: int = 0
+    prompt_ids: list[int] = field(default_factory=list)
+    prompt_logprobs: list | None = None  # the engine's per prompt token (logprob, top, rank)
 
 
 MAX_N = 128  # OpenAI's limit on choices per request
@@ -72,7 +75,7 @@ class OpenAIServing:
         return [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
 
     def sampling_params(self, req, max_tokens: int | None, prompt_len: int, logprobs: int | None,
-                        grammar: GrammarSpec | None = None) -> SamplingParams:
+                        grammar: GrammarSpec | None = None, prompt_logprobs: int | None = None) -> SamplingParams:
         if not 1 <= req.n <= MAX_N:
             raise APIError(400, f"n must be in [1, {MAX_N}], got {req.n}", "n")
         best_of = num_choices(req)
@@ -100,7 +103,7 @@ class OpenAIServing:
                 presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
                 seed=req.seed, stop=tuple(stop), stop_token_ids=tuple(req.stop_token_ids or ()),
                 ignore_eos=req.ignore_eos, min_tokens=req.min_tokens, logprobs=logprobs,
-                logit_bias=bias, grammar=grammar,
+                logit_bias=bias, grammar=grammar, prompt_logprobs=prompt_logprobs,
             )
         except ValueError as e:
             raise bad_value(e) from e
@@ -172,24 +175,31 @@ class OpenAIServing:
 
     # ---- responses
     async def respond(self, raw: Request, req, prompts: list[list[int]], streams, chat: bool,
-                      tools: ToolPlan | None = None):
+                      tools: ToolPlan | None = None, scoring: PromptScoring = PromptScoring()):
         rid = new_id("chatcmpl" if chat else "cmpl")
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            events = self._sse(rid, prompts, streams, chat, include_usage, req.n, tools)
+            events = self._sse(rid, prompts, streams, chat, include_usage, req.n, tools, scoring)
             return _ClosingStreamingResponse(events, streams, media_type="text/event-stream")
         best_of = num_choices(req)
         # With best_of > n the logprobs were computed to rank the choices; shown only if asked for.
         shown = best_of == req.n or req.logprobs is not None
-        return await _unless_disconnected(raw, self._complete(rid, prompts, streams, chat, best_of, req.n, shown, tools),
+        return await _unless_disconnected(raw, self._complete(rid, prompts, streams, chat, best_of, req.n, shown, tools,
+                                                                        scoring),
                                           streams)
 
     async def _complete(self, rid: str, prompts, streams, chat: bool, n: int = 1, keep: int | None = None,
-                        keep_logprobs: bool = True, tools: ToolPlan | None = None) -> JSONResponse:
+                        keep_logprobs: bool = True, tools: ToolPlan | None = None,
+                        scoring: PromptScoring = PromptScoring()) -> JSONResponse:
         """n choices per prompt came back; `keep` of them (the most likely first) are returned."""
-        choices = [_Choice(i) for i in range(len(streams))]
+        choices = [_Choice(i, prompt_ids=prompts[i // n]) for i in range(len(streams))]
         async for i, out in self._merged(prompts, streams):
             c = choices[i]
+            if out.prompt_logprobs is not None:
+                c.prompt_logprobs = out.prompt_logprobs
+            if scoring.score_only:
+                c.finish_reason = "length"
+                continue
             c.text += out.new_text
             c.tokens = out.num_output_tokens
             c.finish_reason = out.finish_reason
@@ -206,7 +216,21 @@ class OpenAIServing:
             "choices": [self._final_choice(c, chat, tools) for c in choices],
             "usage": usage,
         }
+        if scoring.echo:
+            for c, choice in zip(choices, body["choices"]):
+                self._echo(c, choice, scoring)
+        if scoring.prompt_logprobs is not None:  # per choice for completions, once for chat, as vLLM does
+            for c, choice in zip(choices, body["choices"]):
+                (body if chat else choice)["prompt_logprobs"] = vllm_prompt_logprobs(
+                    c.prompt_ids, c.prompt_logprobs or [], scoring.prompt_logprobs, self._token_entry)
         return JSONResponse(body)
+
+    def _echo(self, c: _Choice, choice: dict, scoring: PromptScoring) -> None:
+        """Completions' echo: the prompt's text, and its tokens' logprobs, before the output's."""
+        choice["text"] = self.tokenizer.decode(c.prompt_ids, skip_special_tokens=False) + choice["text"]
+        if scoring.echo_logprobs is not None:
+            entries = echo_entries(c.prompt_ids, c.prompt_logprobs or [], self._token_entry)
+            choice["logprobs"] = _legacy_logprobs(entries + (c.logprobs or []))
 
     def _final_choice(self, c: _Choice, chat: bool, tools: ToolPlan | None = None) -> dict:
         if chat:
@@ -219,7 +243,8 @@ class OpenAIServing:
                 "finish_reason": c.finish_reason}
 
     async def _sse(self, rid: str, prompts, streams, chat: bool, include_usage: bool,
-                   n: int = 1, tools: ToolPlan | None = None) -> AsyncIterator[str]:
+                   n: int = 1, tools: ToolPlan | None = None, scoring: PromptScoring = PromptScoring()
+                   ) -> AsyncIterator[str]:
         created, obj = now(), "chat.completion.chunk" if chat else "text_completion"
 
         def event(choices: list[dict], usage: dict | None = None) -> str:
@@ -235,6 +260,7 @@ class OpenAIServing:
         tokens, cached = [0] * len(streams), [0] * len(streams)
         try:
             held = [""] * len(streams)
+            echoed = [False] * len(streams)
             async for i, out in self._merged(prompts, streams):
                 tokens[i], cached[i] = out.num_output_tokens, out.num_cached_tokens
                 if tools is not None:  # a reply is a call or an answer only once it is whole
@@ -248,12 +274,23 @@ class OpenAIServing:
                 # One chunk per token, even one that completes no character yet: clients can
                 # time every token (ITL), and the text stays whole-character.
                 lp = self._token_logprobs(out) if out.new_logprobs is not None else None
+                text, reason = out.new_text, out.finish_reason
+                if scoring.score_only:
+                    text, lp, reason, tokens[i] = "", None if lp is None else [], "length", 0
+                if scoring.echo and not echoed[i]:  # the first output: the prompt is scored by now
+                    echoed[i] = True
+                    text = self.tokenizer.decode(prompts[i // n], skip_special_tokens=False) + text
+                    if scoring.echo_logprobs is not None:
+                        lp = echo_entries(prompts[i // n], out.prompt_logprobs or [], self._token_entry) + (lp or [])
                 if chat:
-                    delta = {"content": out.new_text} if out.new_text or not out.finished else {}
+                    delta = {"content": text} if text or not out.finished else {}
                     choice = {"index": i, "delta": delta, "logprobs": {"content": lp} if lp else None}
                 else:
-                    choice = {"index": i, "text": out.new_text, "logprobs": _legacy_logprobs(lp)}
-                choice["finish_reason"] = out.finish_reason if out.finished else None
+                    choice = {"index": i, "text": text, "logprobs": _legacy_logprobs(lp)}
+                    if scoring.prompt_logprobs is not None and out.prompt_logprobs is not None:
+                        choice["prompt_logprobs"] = vllm_prompt_logprobs(prompts[i // n], out.prompt_logprobs,
+                                                                         scoring.prompt_logprobs, self._token_entry)
+                choice["finish_reason"] = reason if out.finished else None
                 yield event([choice])
         except Exception as e:  # noqa: BLE001 - the status line is sent; the error goes in the stream
             status, message, code = failure(e)
@@ -303,7 +340,8 @@ def _legacy_logprobs(entries: list[dict] | None) -> dict | None:
         offsets.append(pos)
         pos += len(e["token"])
     return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "top_logprobs": [None if e["top_logprobs"] is None else {t["token"]: t["logprob"] for t in e["top_logprobs"]}
+                             for e in entries],
             "text_offset": offsets}
 
 
