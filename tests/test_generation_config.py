@@ -26,7 +26,7 @@ def _ir_dir(tmp_path, config: dict):
 def test_builtin_model_uses_its_recommended_values():
     for model in (None, "smollm2-135m-instruct"):
         defaults = load_generation_defaults("auto", model)
-        assert defaults.values() == {"temperature": 0.2, "top_p": 0.9, "max_tokens": 512}
+        assert defaults.values() == {"temperature": 0.2, "top_p": 0.9, "max_tokens": 256}
         assert "recommended" in defaults.describe()
 
 

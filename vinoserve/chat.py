@@ -178,7 +178,7 @@ def run(args: argparse.Namespace, engine_config=None) -> int:
     if args.url:
         client = ChatClient(args.url, args.api_key, args.model, options)
         return _loop(client, args.system)
-    with _local_server(args, engine_config) as url:
+    with _LocalServer(args, engine_config) as url:
         return _loop(ChatClient(url, options=options), args.system)
 
 
@@ -207,7 +207,7 @@ def _loop(client: ChatClient, system: str | None) -> int:
             return 0
 
 
-class _local_server:
+class _LocalServer:
     """The OpenAI server on a free loopback port in a background thread, quiet, until exit."""
 
     def __init__(self, args: argparse.Namespace, engine_config) -> None:
