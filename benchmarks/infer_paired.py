@@ -6,6 +6,7 @@ version's directory, with per-layer block tables as that version compiled it).
 
     python benchmarks/infer_paired.py --seqs 1 --calls 40
     python benchmarks/infer_paired.py --seqs 16 --old-ir ~/.cache/vinoserve/converted/SmolLM2-...-f16-v1
+    python benchmarks/infer_paired.py --seqs 16 --context 1024 --kv-cache-precisions u8
 """
 from __future__ import annotations
 
@@ -20,19 +21,23 @@ from openvino._offline_transformations import paged_attention_transformation
 from vinoserve.cache.kv_cache import KVCache
 from vinoserve.model.config import ModelConfig
 from vinoserve.model.loader import resolve_model_dir
-from vinoserve.model.paged import CompileOptions, _cache_layout, to_paged
+from vinoserve.model.paged import CompileOptions, _cache_layout, compile_paged
 
 
-def compiled_models(core: ov.Core, model_dir: Path, old_ir: Path | None) -> dict[str, ov.CompiledModel]:
-    ours = core.compile_model(to_paged(core.read_model(model_dir / "openvino_model.xml"), CompileOptions()), "CPU",
-                              CompileOptions().properties())
+def compiled_models(core: ov.Core, model_dir: Path, cfg: ModelConfig, old_ir: Path | None,
+                    kv_precisions: list[str]) -> dict[str, ov.CompiledModel]:
+    def ours(options: CompileOptions) -> ov.CompiledModel:
+        return compile_paged(core.read_model(model_dir / "openvino_model.xml"), cfg, options, core).compiled
+
     genai = core.read_model(model_dir / "openvino_model.xml")
     paged_attention_transformation(genai, False, False, True, False, False, False)
-    models = {"vinoserve": ours, "genai-like": core.compile_model(genai, "CPU", {})}
+    models = {"vinoserve": ours(CompileOptions()), "genai-like": core.compile_model(genai, "CPU", {})}
     if old_ir:
         old = core.read_model(old_ir / "openvino_model.xml")
         paged_attention_transformation(old, True, False, False, False, False, False, False)
         models["old-ir"] = core.compile_model(old, "CPU", CompileOptions().properties())
+    for kv in kv_precisions:  # ours again, with another KV cache precision than our default
+        models[f"kv {kv}"] = ours(CompileOptions(kv_cache_precision=kv))
     return models
 
 
@@ -58,12 +63,14 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--old-ir", type=Path, default=None)
+    ap.add_argument("--kv-cache-precisions", default="", help="comma-separated: ours at these KV precisions too")
     args = ap.parse_args()
     model_dir = resolve_model_dir(args.model, log=lambda m: None)
     cfg = ModelConfig.from_dir(model_dir)
     core = ov.Core()
     runs = {}
-    for name, compiled in compiled_models(core, model_dir, args.old_ir).items():
+    for name, compiled in compiled_models(core, model_dir, cfg, args.old_ir,
+                                                   [p for p in args.kv_cache_precisions.split(",") if p]).items():
         blocks = args.seqs * (args.context // 32 + 1) + 1
         cache = KVCache(_cache_layout(compiled), cfg.num_layers, num_blocks=blocks)
         request = compiled.create_infer_request()
