@@ -2,14 +2,18 @@
 text, at positions past 1,000, with the plugin's default compute precision against f32.
 
 On bf16 CPUs this once was 4x f32's, because RoPE angles (position * inv_freq) were computed in
-bf16, which cannot hold an integer above 256 exactly (see docs/performance.md)."""
+bf16, which cannot hold an integer above 256 exactly (see docs/performance.md). Also: the default KV
+cache precision that goes with it."""
 from __future__ import annotations
 
 import openvino as ov
 import pytest
 
+from gguf_fixtures import tiny_hf_model, write_gguf
 from vinoserve.bench.perplexity import perplexity, text_windows
-from vinoserve.model.paged import CompileOptions
+from vinoserve.model.gguf_loader import GGUFModel
+from vinoserve.model.graph import build_model
+from vinoserve.model.paged import CompileOptions, compile_paged
 
 WINDOW, FORCED = 1100, 48  # positions 1,052..1,099: bf16 spacing there is 8
 
@@ -22,3 +26,18 @@ def test_default_precision_perplexity_within_2_percent_of_f32_at_long_context():
     f32 = perplexity(windows, WINDOW - FORCED, CompileOptions(inference_precision="f32", kv_cache_precision="f32"))
     fast = perplexity(windows, WINDOW - FORCED, CompileOptions())
     assert fast.perplexity / f32.perplexity < 1.02, (default, fast.perplexity, f32.perplexity)
+
+
+def test_default_kv_cache_is_bf16_where_compute_is_bf16_and_explicit_choices_win(tmp_path):
+    """The KV default departs from the plugin's u8 (measured in docs/performance.md); an asked-for
+    precision is always what the cache gets."""
+    src = GGUFModel.open(write_gguf(tiny_hf_model("llama"), tmp_path / "tiny.gguf"))
+
+    def key_type(options: CompileOptions) -> str:
+        return compile_paged(build_model(src.config, src.weight), src.config, options).layout.key_type.get_type_name()
+
+    default = ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
+    if default == "bf16":
+        assert key_type(CompileOptions()) == "bf16"
+    assert key_type(CompileOptions(kv_cache_precision="u8")) == "u8"
+    assert key_type(CompileOptions(inference_precision="f32", kv_cache_precision="f32")) == "f32"

@@ -23,7 +23,7 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inference-precision", choices=("f32", "bf16", "f16"), default=None,
                    help="default: the device's fastest")
     p.add_argument("--kv-cache-precision", choices=("f32", "f16", "bf16", "u8", "u4"), default=None,
-                   help="default: the device's choice")
+                   help="default: bf16 where compute runs in bf16 on CPU, else the device's choice")
     p.add_argument("--threads", type=int, default=None, help="inference threads (default: all cores)")
     p.add_argument("--kv-cache-size", type=float, default=None, metavar="GB",
                    help="KV cache memory (default: a quarter of the memory available at start)")

@@ -1,6 +1,7 @@
 """One forward pass of the paged model over every token scheduled in a step, all sequences packed."""
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,25 +55,30 @@ class ModelRunner:
         self.infer_seconds = 0.0  # inside OpenVINO; the rest of a step is our Python
 
     def step(self, chunks: Sequence[ScheduledChunk], rotation: KernelRotation | None = None) -> StepResult:
-        lens = np.array([len(c.token_ids) for c in chunks], dtype=np.int32)
-        past = np.array([c.past_len for c in chunks], dtype=np.int32)
-        begins = np.zeros(len(chunks) + 1, dtype=np.int32)
+        # Built with one numpy call per input, not one per chunk: at 64 sequences the per-chunk
+        # aranges and concatenations were most of the Python in a decode step.
+        n = len(chunks)
+        lens = np.fromiter((len(c.token_ids) for c in chunks), np.int32, n)
+        past = np.fromiter((c.past_len for c in chunks), np.int32, n)
+        first = np.fromiter((c.past_len if c.first_position is None else c.first_position for c in chunks),
+                            np.int64, n)
+        wanted = np.fromiter((c.num_logits for c in chunks), np.int64, n)
+        begins = np.zeros(n + 1, dtype=np.int32)
         np.cumsum(lens, out=begins[1:])
-        positions = np.concatenate([
-            np.arange(p, p + n, dtype=np.int64)
-            for p, n in zip((c.past_len if c.first_position is None else c.first_position for c in chunks), lens)
-        ])
-        sampled = np.concatenate([
-            np.arange(begins[i + 1] - c.num_logits, begins[i + 1], dtype=np.int64) for i, c in enumerate(chunks)
-        ])
+        total = int(begins[-1])
+        # token j of chunk i sits at row begins[i] + j with position first[i] + j
+        positions = np.arange(total, dtype=np.int64) + np.repeat(first - begins[:-1], lens)
+        # the last wanted[i] rows of chunk i, in chunk order
+        num_sampled = int(wanted.sum())
+        sampled = np.arange(num_sampled, dtype=np.int64) + np.repeat(begins[1:] - np.cumsum(wanted), wanted)
         inputs = {
-            "input_ids": np.concatenate([np.asarray(c.token_ids, dtype=np.int64) for c in chunks]),
+            "input_ids": np.fromiter(itertools.chain.from_iterable(c.token_ids for c in chunks), np.int64, total),
             "position_ids": positions,
             "past_lens": past,
             "subsequence_begins": begins,
             "max_context_len": np.array(int((past + lens).max()), dtype=np.int32),
             # The graph needs at least one row to gather; with none wanted, compute one and drop it.
-            SAMPLED_INDICES: sampled if len(sampled) else np.zeros(1, dtype=np.int64),
+            SAMPLED_INDICES: sampled if num_sampled else np.zeros(1, dtype=np.int64),
         }
         self._block_inputs(chunks, inputs)
         if self._has_scores:
@@ -102,7 +108,8 @@ class ModelRunner:
         inputs["block_indices_begins"] = begins
         if not self._per_layer_tables:
             assert all(len(c.block_tables) == 1 for c in chunks), "per-layer tables need an evicting model"
-            inputs["block_indices"] = np.concatenate([np.asarray(c.block_tables[0], dtype=np.int32) for c in chunks])
+            inputs["block_indices"] = np.fromiter(itertools.chain.from_iterable(c.block_tables[0] for c in chunks),
+                                                  np.int32, int(begins[-1]))
             return
         if all(len(c.block_tables) == 1 for c in chunks):
             shared = np.concatenate([np.asarray(c.block_tables[0], dtype=np.int32) for c in chunks])
