@@ -81,7 +81,8 @@ def test_fields_left_out_take_the_model_defaults_and_given_ones_win(server):
 def test_prompt_tokens_are_counted_as_soon_as_the_prompt_is_computed(server):
     count = prompt_len(server, FRANCE)
     before = metric(server, "vllm:prompt_tokens_total")
-    body = {"messages": FRANCE, "stream": True, "max_tokens": 400, "ignore_eos": True}
+    # Room to run for a minute: on a busy machine the client may read its first token seconds late.
+    body = {"messages": FRANCE, "stream": True, "max_tokens": 4000, "ignore_eos": True}
     with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, headers=AUTH, timeout=60) as r:
         for line in r.iter_lines():
             if line.startswith("data: ") and "role" not in json.loads(line[6:])["choices"][0]["delta"]:
