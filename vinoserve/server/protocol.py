@@ -70,6 +70,7 @@ class CompletionRequest(_Sampling):
         list[TokenIds], Field(min_length=1)]
     logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # top-k alternatives per token
     echo: bool = False
+    max_tokens: Int | None = Field(None, ge=0)  # 0 with echo: score the prompt only
     best_of: int | None = None  # generate this many per prompt, return the n most likely
     suffix: str | None = None
 
