@@ -26,7 +26,8 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
                    help="default: bf16 where compute runs in bf16 on CPU, else the device's choice")
     p.add_argument("--threads", type=int, default=None, help="inference threads (default: all cores)")
     p.add_argument("--kv-cache-size", type=float, default=None, metavar="GB",
-                   help="KV cache memory (default: a quarter of the memory available at start)")
+                   help="KV cache memory (default: a quarter of the memory available at start, "
+                        "within a container's cgroup memory limit)")
     p.add_argument("--cache-eviction", default=None, metavar="START,RECENT,MAX",
                    help="evict KV blocks by attention score: keep the first START and last RECENT tokens, "
                         "cap each sequence's cache at MAX tokens (multiples of the block size, e.g. 32,128,672)")
