@@ -1,36 +1,13 @@
 """n choices and prefix caching over HTTP: the official openai client against a real server."""
 from __future__ import annotations
 
-import re
-
-import httpx
-import openai
 import pytest
 
-from server_process import ServerProcess
+# The same server settings as test_server.py (a module-scoped server of this module's own).
+from test_server import MODEL, client, metric, server  # noqa: F401
 
 pytestmark = pytest.mark.slow
-MODEL = "smollm2-135m-instruct"
 STORY = [{"role": "user", "content": "Tell me a short story about a lighthouse."}]
-
-
-@pytest.fixture(scope="module")
-def server(smollm2_gguf):
-    srv = ServerProcess("--max-num-batched-tokens", "128", "--kv-cache-size", "0.5").wait_ready()
-    yield srv
-    assert srv.terminate() == 0
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-
-
-def metric(server, name: str) -> float:
-    text = httpx.get(f"{server.url}/metrics").text
-    m = re.search(rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", text, re.M)
-    assert m, f"{name} not exported"
-    return float(m.group(1))
 
 
 def test_n_choices_are_reproducible_with_a_seed_and_count_the_prompt_once(server, client):
