@@ -5,7 +5,6 @@ KV cache respects cgroup memory limits."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
