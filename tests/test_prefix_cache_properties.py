@@ -14,6 +14,7 @@ from vinoserve.cache.prefix_cache import PrefixCache
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.scheduler.scheduler import Scheduler, SchedulerConfig
 from vinoserve.scheduler.sequence import Sequence, SequenceStatus
+from test_scheduler_properties import arrive_and_abort
 
 BLOCK = 4
 BASE = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6, 2, 6, 4]
@@ -59,14 +60,7 @@ def test_prefix_cache_invariants(reqs, num_blocks, max_seqs, budget, aborts, for
     kv: dict[int, list] = {b: [None] * BLOCK for b in range(num_blocks)}
     live: list[Sequence] = []
     for step in range(500):
-        for i, (arrival, *_) in enumerate(reqs):
-            if arrival == step and fits[i]:
-                sched.add(seqs[i])
-                live.append(seqs[i])
-        for at, idx in aborts:
-            if at == step and idx < len(seqs) and seqs[idx] in live:
-                sched.finish(seqs[idx], SequenceStatus.ABORTED, "abort")
-                live.remove(seqs[idx])
+        arrive_and_abort(step, sched, seqs, [arrival for arrival, *_ in reqs], fits, aborts, live)
         out = sched.schedule()
         for src, dst in out.copies:  # copy-on-write of a shared, partly filled block
             kv[dst] = list(kv[src])

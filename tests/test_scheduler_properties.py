@@ -65,14 +65,7 @@ def test_scheduler_invariants(reqs, num_blocks, max_seqs, budget, aborts):
     fits = [blocks.blocks_for(p + m) <= num_blocks for _, p, m in reqs]
     live: list[Sequence] = []
     for step in range(400):
-        for i, (arrival, _, _) in enumerate(reqs):
-            if arrival == step and fits[i]:
-                sched.add(seqs[i])
-                live.append(seqs[i])
-        for at, idx in aborts:
-            if at == step and idx < len(seqs) and seqs[idx] in live:
-                sched.finish(seqs[idx], SequenceStatus.ABORTED, "abort")
-                live.remove(seqs[idx])
+        arrive_and_abort(step, sched, seqs, [arrival for arrival, *_ in reqs], fits, aborts, live)
         out = sched.schedule()
         assert out.num_batched_tokens <= budget
         assert len(out.scheduled) <= max_seqs
@@ -113,3 +106,16 @@ def test_preemption_takes_the_newest_and_requeues_it_first():
     assert [s.seq for s in out.scheduled] == [old] and out.preempted == [new]
     assert new.status is SequenceStatus.PREEMPTED and new.block_tables == [[]] and sched.waiting[0] is new
     assert sched.num_preemptions == 1
+
+
+def arrive_and_abort(step: int, sched: Scheduler, seqs: list[Sequence], arrivals: list[int], fits: list[bool],
+                     aborts: list[tuple[int, int]], live: list[Sequence]) -> None:
+    """This step's arrivals join the scheduler and `live`; this step's aborts leave both."""
+    for i, arrival in enumerate(arrivals):
+        if arrival == step and fits[i]:
+            sched.add(seqs[i])
+            live.append(seqs[i])
+    for at, idx in aborts:
+        if at == step and idx < len(seqs) and seqs[idx] in live:
+            sched.finish(seqs[idx], SequenceStatus.ABORTED, "abort")
+            live.remove(seqs[idx])
