@@ -181,11 +181,12 @@ class AsyncLLMEngine:
         except BaseException as e:  # a fault outside any one request: fail every caller rather than hang them
             log.exception("engine loop died")
             self.error = e
+            # The death is reported before callers wake, so whoever sees EngineDead finds it recorded.
+            if self._on_fatal is not None:
+                self._on_fatal(e)
             for stream in self._streams.values():
                 stream.put(EngineDead(f"engine failure: {type(e).__name__}: {e}"))
             self._streams.clear()
-            if self._on_fatal is not None:
-                self._on_fatal(e)
 
     def _publish(self) -> None:
         sched, blocks = self.engine.scheduler, self.engine.blocks
