@@ -1,16 +1,18 @@
 """A first run as a user meets it, against a real server on loopback (SmolLM2, an API key): the
 model's sampling defaults, prompt tokens in /metrics while a request runs, the terminal chat
-(through a pseudo-terminal) and the browser chat page (Debian's chromium, driven by playwright)."""
+(over pipes, Ctrl-C as SIGINT) and the browser chat page (Debian's chromium, driven by playwright)."""
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
 import httpx
 import pexpect
+from pexpect.popen_spawn import PopenSpawn
 import pytest
 
 from server_process import ServerProcess
@@ -94,10 +96,15 @@ def test_prompt_tokens_are_counted_as_soon_as_the_prompt_is_computed(server):
 
 
 def _spawn_chat(*args: str):
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent), "TERM": "dumb"}
-    child = pexpect.spawn(sys.executable, ["-m", "vinoserve.cli", "chat", *args], env=env, encoding="utf-8",
-                          timeout=120, dimensions=(40, 200))
-    child.expect_exact("> ")
+    """The chat over pipes, not a pseudo-terminal: CI's sandbox gave a pty child nothing but EOF.
+    Ctrl-C is the SIGINT a terminal would send (`child.kill(signal.SIGINT)`)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent), "PYTHONUNBUFFERED": "1"}
+    child = PopenSpawn([sys.executable, "-m", "vinoserve.cli", "chat", *args], env=env, encoding="utf-8",
+                       timeout=120)
+    try:
+        child.expect_exact("> ")
+    except (pexpect.EOF, pexpect.TIMEOUT):
+        raise AssertionError(f"vinoserve chat did not prompt (exit {child.proc.poll()}): {child.before!r}")
     return child
 
 
@@ -143,14 +150,13 @@ def test_terminal_chat_against_a_server(server):
     deadline = time.monotonic() + 60
     while metric(server, "vllm:generation_tokens_total") < generated + 5 and time.monotonic() < deadline:
         time.sleep(0.05)
-    child.sendintr()
+    child.kill(signal.SIGINT)
     child.expect(r"· stopped\)")
     child.expect_exact("> ")
     wait_idle(server)
     child.sendeof()
     child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
+    assert child.wait() == 0
 
 
 def test_terminal_chat_with_the_builtin_engine(smollm2_gguf):
@@ -158,8 +164,7 @@ def test_terminal_chat_with_the_builtin_engine(smollm2_gguf):
     assert "Paris" in _turn(child, "What is the capital of France?")
     child.sendline("/exit")
     child.expect(pexpect.EOF, timeout=60)
-    child.close()
-    assert child.exitstatus == 0
+    assert child.wait() == 0
 
 
 def _browser():
