@@ -36,6 +36,11 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
                    help="do not re-rotate the keys of blocks that move after an eviction")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="reuse the KV of prompt prefixes already computed (default: on, off with --cache-eviction)")
+    p.add_argument("--speculative-config", type=_json_object, default=None, metavar="JSON",
+                   help='speculative decoding, as vLLM names it: \'{"method": "ngram", "num_speculative_tokens": 4, '
+                        '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\' (prompt lookup) or \'{"method": '
+                        '"draft_model", "model": PATH, "num_speculative_tokens": 4}\'; off while more than '
+                        '"disable_by_batch_size" (default 8) sequences decode')
 
 
 def _json_object(text: str) -> dict:
@@ -108,6 +113,7 @@ def _defaults_from_environment(p: argparse.ArgumentParser) -> None:
 def _engine_config(args: argparse.Namespace):
     from vinoserve.cache.eviction import CacheEvictionConfig
     from vinoserve.engine.llm_engine import EngineConfig
+    from vinoserve.engine.speculative import SpeculativeConfig
     from vinoserve.model.paged import CompileOptions
     from vinoserve.scheduler.scheduler import SchedulerConfig
 
@@ -123,6 +129,7 @@ def _engine_config(args: argparse.Namespace):
         compile=CompileOptions(args.device, args.inference_precision, args.kv_cache_precision, args.threads),
         scheduler=scheduler, kv_cache_size_gb=args.kv_cache_size, cache_eviction=eviction,
         enable_prefix_caching=args.enable_prefix_caching,
+        speculative=SpeculativeConfig.parse(args.speculative_config) if args.speculative_config else None,
     )
     _ = config.prefix_caching  # a ValueError now, not once the server is up, for flags that conflict
     return config

@@ -54,6 +54,13 @@ class BlockManager:
             for table, allocator in zip(tables, self.allocators):
                 table.append(allocator.allocate())
 
+    def trim(self, tables: BlockTables, num_tokens: int) -> None:
+        """Free the blocks past those holding `num_tokens` tokens (rejected speculative tokens')."""
+        keep = self.blocks_for(num_tokens)
+        for table, allocator in zip(tables, self.allocators):
+            while len(table) > keep:
+                allocator.free(table.pop())
+
     def adopt(self, tables: BlockTables, cached: list[int]) -> None:
         """Start an empty table with cached prefix blocks (shared, never written)."""
         allocator = self.allocators[0]

@@ -13,10 +13,11 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vinoserve.engine.llm_engine import LLMEngine
 from vinoserve.engine.outputs import RequestOutput
+from vinoserve.engine.speculative import SpecStats
 from vinoserve.scheduler.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class EngineSnapshot:
     # Tokens sampled for requests whose consumer had already left: the cost of aborting at the
     # next step boundary (about one per disconnect); an abort that never lands makes it grow.
     num_undelivered_tokens: int = 0
+    spec_decode: SpecStats | None = None  # a copy; None without speculative decoding
 
 
 class _Stream:
@@ -199,6 +201,8 @@ class AsyncLLMEngine:
             prefix_cache_queries=prefix.num_queried_tokens if (prefix := blocks.prefix) else 0,
             prefix_cache_hits=prefix.num_hit_tokens if prefix else 0,
             num_undelivered_tokens=self._undelivered,
+            spec_decode=replace(sp.stats, accepted_per_position=list(sp.stats.accepted_per_position))
+            if (sp := self.engine.speculator) else None,
         )
 
     def _drain_inbox(self, block: bool) -> bool:

@@ -17,6 +17,7 @@ from vinoserve.engine.memory import available_memory_bytes
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.engine.outputs import RequestMetrics, RequestOutput
 from vinoserve.engine.prompt_logprobs import PromptLogprobs
+from vinoserve.engine.speculative import SpeculativeConfig, Speculator
 from vinoserve.engine.text_output import TextOutput
 from vinoserve.model.graph import WeightFormat
 from vinoserve.model.loader import LoadedModel, load_model
@@ -47,6 +48,7 @@ class EngineConfig:
     # Reuse computed KV blocks across requests sharing a prefix. Off while cache eviction is on
     # (evicted and rotated blocks no longer match a token prefix); None: on where it can be.
     enable_prefix_caching: bool | None = None
+    speculative: SpeculativeConfig | None = None  # None: one token per sequence per step
 
     @property
     def prefix_caching(self) -> bool:
@@ -103,6 +105,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.blocks)
         self.runner = ModelRunner(paged, self.cache)
         self.sampler = Sampler()
+        self.speculator = Speculator(config.speculative) if config.speculative is not None else None
         self.eos_token_ids = tuple(dict.fromkeys([*self.model.config.eos_token_ids, *self.tokenizer.eos_token_ids]))
         self.grammars = GrammarCompiler(self.tokenizer.token_bytes, self.model.config.vocab_size, self.eos_token_ids,
                                          sorted(self.tokenizer.special_token_ids),
@@ -215,10 +218,12 @@ class LLMEngine:
         outputs = self._step()
         self.stats.num_steps += 1
         self.stats.step_seconds += time.perf_counter() - start
-        self.stats.num_generated_tokens += len(outputs)
+        self.stats.num_generated_tokens += sum(len(o.new_token_ids) for o in outputs)
         return outputs
 
     def _step(self) -> list[RequestOutput]:
+        if self.speculator is not None:
+            self._propose()
         plan = self.scheduler.schedule()
         for seq in plan.preempted:
             if (ev := self._requests[seq.request_id].eviction) is not None:
@@ -235,39 +240,75 @@ class LLMEngine:
         if result.scores is not None:
             self._collect_scores(chunks, reqs, result.scores)
         for s, r in zip(plan.scheduled, reqs):
-            s.seq.num_computed_tokens += s.num_tokens
+            # Proposals count as computed only once verified (see _sample_and_verify).
+            s.seq.num_computed_tokens += s.num_tokens - s.num_drafts
             r.metrics.first_scheduled_time = r.metrics.first_scheduled_time or now
         self.scheduler.cache_computed([s.seq for s in plan.scheduled])
-        # Sampling chunks ask for one row each and the rest for none, so the runner's rows are
-        # exactly the rows to sample, already in order.
-        sampled = [r for s, r in zip(plan.scheduled, reqs) if s.samples]
-        rows = result.rows
         if any(r.prompt_logprobs is not None for r in reqs):
-            rows = self._collect_prompt_logprobs(plan.scheduled, reqs, chunks, result.logits)
-        if not sampled:
+            self._collect_prompt_logprobs(plan.scheduled, reqs, chunks, result.logits)
+        # Each sampling chunk's rows end with its own row and one per proposal; the first of
+        # those is sampled first.
+        ends = np.cumsum([c.num_logits for c in chunks])
+        sampling = [(r, int(end) - 1 - s.num_drafts, s.num_drafts)
+                    for s, r, end in zip(plan.scheduled, reqs, ends) if s.samples]
+        if not sampling:
             return []
-        rows = self._fork_choices(sampled, rows, now)
-        picks = self._sample(rows, sampled)
-        outputs = [self._fail(r, pick) if isinstance(pick, Exception) else self._append_or_fail(r, *pick)
-                   for r, pick in zip(sampled, picks)]
-        for r in sampled:
+        sampling = self._fork_choices(sampling, now)
+        outputs = self._sample_and_verify(result.rows, sampling)
+        for r, _, _ in sampling:
             if r.eviction is not None and not r.seq.status.is_finished:
                 self.evictor.evict_if_full(r.seq, r.eviction)
         return outputs
 
-    def _fork_choices(self, sampled: list[_Request], rows: np.ndarray, now: float) -> np.ndarray:
-        """Choices waiting for a prompt that just finished join `sampled` (in place), on the
-        prompt's blocks and its logits row; returns the rows to sample, one per entry."""
+    def _propose(self) -> None:
+        """Proposals for the decoding sequences that may speculate (set on the sequences)."""
+        seqs, room = [], []
+        for seq in self.scheduler.running:
+            req = self._requests[seq.request_id]
+            if seq.is_decoding and req.eviction is None and req.prompt_logprobs is None:
+                seqs.append(seq)
+                room.append(min(seq.params.max_tokens - len(seq.output_token_ids), self.max_context - seq.num_tokens))
+        self.speculator.propose(seqs, room)
+
+    def _sample_and_verify(self, rows: np.ndarray, sampling: list[tuple[_Request, int, int]]) -> list[RequestOutput]:
+        """One token per sampling request, then, for those with proposals, one more per proposal
+        that equals the token just sampled: position j of every request still verifying is
+        sampled in one batch, with the tokens accepted so far already appended."""
+        reqs = [r for r, _, _ in sampling]
+        first = np.array([row for _, row, _ in sampling])
+        outputs: list[RequestOutput | None] = [None] * len(reqs)
+        alive, j = list(range(len(reqs))), 0
+        while alive:
+            idx = first[alive] + j
+            batch = rows if len(idx) == len(rows) and (idx == np.arange(len(rows))).all() else rows[idx]
+            picks = self._sample(batch, [reqs[i] for i in alive])
+            verifying = []
+            for i, pick in zip(alive, picks):
+                r, num_drafts = reqs[i], sampling[i][2]
+                out = self._fail(r, pick) if isinstance(pick, Exception) else self._append_or_fail(r, *pick)
+                outputs[i] = out if outputs[i] is None else outputs[i].merge(out)
+                if j < num_drafts and not out.finished and pick[0] == r.seq.draft_token_ids[j]:
+                    r.seq.num_computed_tokens += 1  # its KV, written this step, is the right one
+                    verifying.append(i)
+                elif num_drafts:
+                    self.speculator.record(r.seq, num_drafts, j)
+                    if not out.finished:
+                        self.scheduler.rollback(r.seq)
+            alive, j = verifying, j + 1
+        return outputs
+
+    def _fork_choices(self, sampling: list[tuple[_Request, int, int]], now: float) -> list[tuple[_Request, int, int]]:
+        """Choices waiting for a prompt that just finished join `sampling`, on the prompt's
+        blocks and its logits row."""
         if not self._forks:
-            return rows
-        index = list(range(len(sampled)))
-        for i, parent in enumerate(list(sampled)):
+            return sampling
+        joined = list(sampling)
+        for parent, row, _ in sampling:
             for child in self._forks.pop(parent.seq.request_id, []):
                 self.scheduler.fork(parent.seq, child.seq)
                 child.metrics.first_scheduled_time = now
-                sampled.append(child)
-                index.append(i)
-        return rows if len(index) == len(rows) else rows[index]
+                joined.append((child, row, 0))
+        return joined
 
     def _chunk(self, s: ScheduledSequence, req: _Request) -> ScheduledChunk:
         seq, ev = s.seq, req.eviction
@@ -275,23 +316,22 @@ class LLMEngine:
         # Without rotation, kept keys stay at their original positions, so new tokens do too;
         # with it (or without eviction) positions are the compacted cache positions.
         first_position = start if ev is not None and not ev.state.config.rotation else None
-        wanted = 1 if s.samples else 0
+        wanted = 1 + s.num_drafts if s.samples else 0
         if req.prompt_logprobs is not None:
             wanted = req.prompt_logprobs.logits_wanted(start, s.num_tokens, s.samples)
-        return ScheduledChunk(seq.token_ids(start, start + s.num_tokens), seq.num_cached_tokens, seq.block_tables,
-                              wanted, first_position,
+        tokens = seq.token_ids(start, start + s.num_tokens - s.num_drafts)
+        if s.num_drafts:
+            tokens = tokens + seq.draft_token_ids
+        return ScheduledChunk(tokens, seq.num_cached_tokens, seq.block_tables, wanted, first_position,
                               Evictor.score_window(ev, s.samples, s.num_tokens))
 
     @staticmethod
     def _collect_prompt_logprobs(scheduled: list[ScheduledSequence], reqs: list[_Request],
-                                 chunks: list[ScheduledChunk], logits: list[np.ndarray]) -> np.ndarray:
-        """Hand prompt-scoring chunks' rows to their requests; returns the rows to sample, one per
-        sampling chunk (its last), in order."""
+                                 chunks: list[ScheduledChunk], logits: list[np.ndarray]) -> None:
+        """Hand prompt-scoring chunks' rows to their requests."""
         for s, r, chunk, rows in zip(scheduled, reqs, chunks, logits):
             if r.prompt_logprobs is not None:
                 r.prompt_logprobs.add(s.seq.num_computed_tokens - len(chunk.token_ids), rows)
-        last = [rows[-1] for s, rows in zip(scheduled, logits) if s.samples]
-        return np.stack(last) if last else np.empty((0, logits[0].shape[1]), np.float32)
 
     @staticmethod
     def _collect_scores(chunks: list[ScheduledChunk], reqs: list[_Request], scores: list[np.ndarray]) -> None:

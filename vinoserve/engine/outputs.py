@@ -29,6 +29,16 @@ class RequestOutput:
     # With prompt_logprobs, on the first output: per prompt token (logprob, top), None for the first
     prompt_logprobs: list | None = None
 
+    def merge(self, later: RequestOutput) -> RequestOutput:
+        """This step's output followed by `later` (more tokens of the same request, same step)."""
+        self.new_token_ids = self.new_token_ids + later.new_token_ids
+        self.new_text += later.new_text
+        if later.new_logprobs is not None:
+            self.new_logprobs = (self.new_logprobs or []) + later.new_logprobs
+        self.finished, self.finish_reason, self.error = later.finished, later.finish_reason, later.error
+        self.num_output_tokens = later.num_output_tokens
+        return self
+
 
 @dataclass
 class CompletionOutput:

@@ -26,10 +26,11 @@ class ScheduledSequence:
     seq: Sequence
     num_tokens: int  # tokens computed for it this step, starting at seq.num_computed_tokens
     samples: bool  # the chunk reaches the last token, so a next token is sampled from it
+    num_drafts: int = 0  # of num_tokens, proposed tokens after the last one, to verify
 
     @classmethod
-    def of(cls, seq: Sequence, num_tokens: int) -> ScheduledSequence:
-        return cls(seq, num_tokens, seq.num_computed_tokens + num_tokens == seq.num_tokens)
+    def of(cls, seq: Sequence, num_tokens: int, num_drafts: int = 0) -> ScheduledSequence:
+        return cls(seq, num_tokens, seq.num_computed_tokens + num_tokens - num_drafts == seq.num_tokens, num_drafts)
 
 
 @dataclass
@@ -66,12 +67,14 @@ class Scheduler:
         while i < len(self.running) and budget and len(out.scheduled) < self.config.max_num_seqs:
             seq = self.running[i]
             n = min(seq.num_uncomputed_tokens, budget)
-            if not self._make_room(seq, n, out):
+            drafts = self._fit_drafts(seq, n, budget)
+            if not self._make_room(seq, n + drafts, out):
                 break  # seq itself was the newest and got preempted
             if (copy := self.blocks.own_block_at(seq.block_tables, seq.num_cached_tokens)) is not None:
                 out.copies.append(copy)
-            self.blocks.grow(seq.block_tables, seq.num_cached_tokens + n)
-            out.scheduled.append(ScheduledSequence.of(seq, n))
+            self.blocks.grow(seq.block_tables, seq.num_cached_tokens + n + drafts)
+            out.scheduled.append(ScheduledSequence.of(seq, n + drafts, drafts))
+            n += drafts
             budget -= n
             i += 1
         pending = self._pending_hashes()
@@ -96,6 +99,23 @@ class Scheduler:
             budget -= n
             pending |= self._uncomputed_hashes(seq)
         return out
+
+    def _fit_drafts(self, seq: Sequence, n: int, budget: int) -> int:
+        """How many of seq's proposed tokens to verify this step: they count against the token
+        budget, and are dropped rather than preempt anyone for their blocks."""
+        if not seq.draft_token_ids:
+            return 0
+        fit = min(len(seq.draft_token_ids), budget - n) if n == seq.num_uncomputed_tokens else 0
+        copies = self.blocks.copies_needed(seq.block_tables, seq.num_cached_tokens)
+        if fit and not self.blocks.can_grow(seq.block_tables, seq.num_cached_tokens + n + fit, copies):
+            fit = 0
+        del seq.draft_token_ids[fit:]
+        return fit
+
+    def rollback(self, seq: Sequence) -> None:
+        """After verification: blocks that only held rejected proposals go back."""
+        seq.draft_token_ids.clear()
+        self.blocks.trim(seq.block_tables, seq.num_cached_tokens + seq.num_uncomputed_tokens)
 
     # ---- prefix caching
     def _cached_prefix(self, seq: Sequence) -> list[int]:
@@ -174,6 +194,7 @@ class Scheduler:
         # Recompute: drop its KV; its tokens so far (prompt + output) are prefilled again later.
         self.blocks.free(seq.block_tables)
         seq.num_computed_tokens = seq.num_evicted_tokens = seq.num_registered_blocks = 0
+        seq.draft_token_ids.clear()
         seq.status = SequenceStatus.PREEMPTED
         seq.num_preemptions += 1
         self.num_preemptions += 1

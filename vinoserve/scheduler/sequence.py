@@ -39,6 +39,9 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)
     num_registered_blocks: int = 0
     num_cached_prompt_tokens: int = 0
+    # Speculative decoding: tokens proposed to follow the last one, verified by the next step
+    # (never part of output_token_ids until the model agrees with them).
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

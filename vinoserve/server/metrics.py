@@ -43,6 +43,24 @@ class _EngineGauges:
             metric = family(name, doc, labels=["model_name"])
             metric.add_metric([self.model], value)
             yield metric
+        if (spec := stats.spec_decode) is not None:
+            yield from self._spec_decode(spec)
+
+    def _spec_decode(self, spec):
+        for name, doc, value in [
+            ("vllm:spec_decode_num_drafts", "Verifications of proposed tokens (one per sequence and step).",
+             spec.num_drafts),
+            ("vllm:spec_decode_num_draft_tokens", "Tokens proposed.", spec.num_draft_tokens),
+            ("vllm:spec_decode_num_accepted_tokens", "Proposed tokens accepted.", spec.num_accepted_tokens),
+        ]:
+            metric = CounterMetricFamily(name, doc, labels=["model_name"])
+            metric.add_metric([self.model], value)
+            yield metric
+        metric = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                     "Proposed tokens accepted, by position.", labels=["model_name", "position"])
+        for pos, value in enumerate(spec.accepted_per_position):
+            metric.add_metric([self.model, str(pos)], value)
+        yield metric
 
 
 class Metrics:

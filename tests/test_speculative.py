@@ -1,0 +1,221 @@
+"""Speculative decoding (prompt lookup) changes how many tokens a step yields, never which: greedy
+tokens equal HF transformers' and the plain engine's, seeded sampling draws the same tokens, and
+unseeded sampling the same distribution; stop strings and max_tokens that land inside an accepted
+run, preemption and aborts mid-speculation; every KV block back at the end."""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from test_engine import ARRIVAL_STEPS, GREEDY, PROMPT_LENS, _run_staggered, reference, tiny  # noqa: F401
+from vinoserve.engine.llm import LLM
+from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
+from vinoserve.engine.ngram_proposer import find_continuation
+from vinoserve.engine.speculative import SpeculativeConfig
+from vinoserve.model.paged import CompileOptions
+from vinoserve.scheduler.sampling_params import SamplingParams
+from vinoserve.scheduler.scheduler import SchedulerConfig
+
+F32 = CompileOptions(inference_precision="f32", kv_cache_precision="f32")
+# min 1: random prompts repeat single tokens often, so most steps verify something.
+NGRAM = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_max=3, prompt_lookup_min=1,
+                          disable_by_batch_size=1024)
+
+
+def _continuation(tokens: list[int], n_min: int = 1, n_max: int = 3, k: int = 4) -> list[int]:
+    return find_continuation(np.array(tokens), n_min, n_max, k).tolist()
+
+
+def test_prompt_lookup_takes_the_longest_then_latest_match():
+    assert _continuation([1, 2, 3, 9, 2, 3, 7, 8, 1, 2, 3]) == [9, 2, 3, 7]  # "1 2 3" beats later "2 3"
+    assert _continuation([5, 1, 6, 1, 7, 1]) == [7, 1]  # the latest "1"; only what follows it
+    assert _continuation([1, 2, 3, 4], n_min=1) == []  # nothing repeats
+    assert _continuation([4, 4, 4, 4], k=2) == [4]  # a match ends before the last token
+    assert _continuation([1, 2, 8, 2, 9, 1, 2], n_min=2) == [8, 2, 9, 1]
+    assert _continuation([1, 2, 8, 2, 9, 1, 2], n_min=2, n_max=2, k=1) == [8]
+
+
+def test_speculative_config_takes_vllm_keys_and_names_bad_ones():
+    c = SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3}')
+    assert (c.num_speculative_tokens, c.prompt_lookup_max, c.prompt_lookup_min) == (5, 3, 2)
+    with pytest.raises(ValueError, match="unknown keys.*num_spec_tokens"):
+        SpeculativeConfig.parse('{"num_spec_tokens": 4}')
+    with pytest.raises(ValueError, match="method"):
+        SpeculativeConfig.parse('{"method": "eagle"}')
+    with pytest.raises(ValueError, match="prompt_lookup_min"):
+        SpeculativeConfig.parse('{"prompt_lookup_min": 3, "prompt_lookup_max": 2}')
+    with pytest.raises(ValueError, match="needs \"model\""):
+        SpeculativeConfig.parse('{"method": "draft_model"}')
+
+
+def _tiny_engine(path: str, num_blocks: int, spec: SpeculativeConfig | None = NGRAM, budget: int = 64) -> LLMEngine:
+    cfg = EngineConfig(model=path, compile=F32, num_kv_blocks=num_blocks, speculative=spec,
+                       scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=budget))
+    return LLMEngine(cfg, log=lambda m: None)
+
+
+def _spent(engine: LLMEngine) -> tuple[int, int]:
+    s = engine.speculator.stats
+    return s.num_draft_tokens, s.num_accepted_tokens
+
+
+def test_greedy_equals_hf_under_chunking_and_staggered_arrivals(tiny, reference):
+    engine = _tiny_engine(tiny[1], num_blocks=64)
+    out = _run_staggered(engine, tiny[2], GREEDY)
+    assert [out[f"r{i}"] for i in range(len(PROMPT_LENS))] == reference
+    proposed, accepted = _spent(engine)
+    assert proposed > accepted > 0  # it speculated, and both outcomes happened
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+def test_preemption_and_aborts_mid_speculation(tiny, reference):
+    # 14 blocks of 32 tokens cannot hold every sequence: the newest are preempted and recomputed.
+    engine = _tiny_engine(tiny[1], num_blocks=14, budget=48)
+    out = _run_staggered(engine, tiny[2], GREEDY, aborts={"r1": 12, "r4": 15})
+    assert engine.scheduler.num_preemptions > 0
+    for i, ref in enumerate(reference):
+        if i in (1, 4):
+            assert ref[:len(out[f"r{i}"])] == out[f"r{i}"]
+        else:
+            assert out[f"r{i}"] == ref
+    assert _spent(engine)[1] > 0
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+def test_seeded_sampling_draws_the_same_tokens_as_without_speculation(tiny):
+    params = [SamplingParams(max_tokens=40, temperature=t, top_p=p, top_k=k, seed=s, repetition_penalty=r,
+                             logprobs=2, ignore_eos=True)
+              for t, p, k, s, r in [(0.7, 1.0, 0, 1, 1.0), (1.0, 0.9, 0, 2, 1.1), (0.5, 1.0, 20, 3, 1.0),
+                                    (0.2, 0.95, 0, 4, 1.0)]]
+    prompts = [tiny[2][i] for i in (0, 1, 2, 4)]
+    plain = LLM(EngineConfig(model=tiny[1], compile=F32, num_kv_blocks=64), log=lambda m: None).generate(prompts, params)
+    llm = LLM(EngineConfig(model=tiny[1], compile=F32, num_kv_blocks=64, speculative=NGRAM), log=lambda m: None)
+    spec = llm.generate(prompts, params)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    for a, b in zip(spec, plain):  # the logprobs of accepted tokens come from their own rows
+        np.testing.assert_allclose([lp for lp, _ in a.logprobs], [lp for lp, _ in b.logprobs], rtol=1e-4, atol=1e-4)
+    assert _spent(llm.engine)[0] > 0  # a random model rarely agrees: this is the rejection path
+
+
+def _chi2_critical(df: int, z: float = 3.72) -> float:
+    """Wilson-Hilferty: the chi-square quantile at normal quantile z (3.72: p = 1e-4)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_gguf):
+    def make(spec):
+        return LLM(EngineConfig(compile=F32, weight_format="f32", kv_cache_size_gb=0.2, speculative=spec),
+                   log=lambda m: None)
+    return make(None), make(SpeculativeConfig(disable_by_batch_size=16))
+
+
+COPY = ("The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. "
+        "How vexingly quick daft zebras jump! The five boxing wizards jump quickly.")
+
+
+def _steps(engine: LLMEngine, prompts: list[list[int]], runs: list[SamplingParams]) -> list[list[list[int]]]:
+    """Each request's tokens, grouped by the step that produced them."""
+    for i, (prompt, params) in enumerate(zip(prompts, runs)):
+        engine.add_request(f"s{i}", prompt, params)
+    got: dict[str, list] = {f"s{i}": [] for i in range(len(prompts))}
+    while engine.has_unfinished_requests:
+        for o in engine.step():
+            got[o.request_id].append(o.new_token_ids)
+    return list(got.values())
+
+
+def _stop_inside_a_run(tok, steps: list[list[int]]) -> str:
+    """A word first completed by a token that is not the first of its step."""
+    flat = sum(steps, [])
+    i = 0
+    for group in steps:
+        for m in range(1, len(group)):
+            before, after = tok.decode(flat[:i + m]), tok.decode(flat[:i + m + 1])
+            word = after[len(before):].strip()
+            if len(word) >= 3 and word not in before:
+                return word
+        i += len(group)
+    raise AssertionError("no multi-token step")
+
+
+@pytest.mark.slow
+def test_stops_and_max_tokens_inside_accepted_runs_on_smollm2(smollm2):
+    plain, spec = smollm2
+    tok = plain.engine.tokenizer
+    chat = [tok.encode(tok.apply_chat_template([{"role": "user", "content": f"{verb} this text exactly: {COPY}"}]),
+                       add_special_tokens=False) for verb in ("Repeat", "Copy")]
+    chat.append(tok.encode("Once upon a time, in a land far away,", add_special_tokens=False))
+    runs = [SamplingParams(max_tokens=60, temperature=0)] * 3
+    steps = _steps(spec.engine, chat, runs)
+    assert [sum(s, []) for s in steps] == [o.token_ids for o in plain.generate(chat, runs)]
+    # max_tokens and a stop string that end the copies inside an accepted run
+    ends = np.cumsum([len(g) for g in steps[0]])
+    runs[0] = replace(runs[0], max_tokens=int(next(e - 1 for e, g in zip(ends, steps[0]) if len(g) > 2)))
+    runs[1] = replace(runs[1], stop=[_stop_inside_a_run(tok, steps[1])])
+    expected = plain.generate(chat, runs)
+    engine = spec.engine
+    for i, (prompt, params) in enumerate(zip(chat, runs)):
+        engine.add_request(f"s{i}", prompt, params)
+    got: dict[str, list] = {f"s{i}": [] for i in range(3)}
+    text = {f"s{i}": "" for i in range(3)}
+    while engine.has_unfinished_requests:
+        for o in engine.step():
+            got[o.request_id].append(o.new_token_ids)
+            text[o.request_id] += o.new_text
+    for i, e in enumerate(expected):
+        assert sum(got[f"s{i}"], []) == e.token_ids
+        assert text[f"s{i}"] == e.text
+    assert expected[0].finish_reason == "length" and expected[1].finish_reason == "stop"
+    assert len(got["s0"][-1]) > 1 and len(got["s1"][-1]) > 1  # both ended on a multi-token step
+    assert engine.speculator.stats.num_accepted_tokens > 20
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+@pytest.mark.slow
+def test_seeded_sampling_on_smollm2_accepts_and_draws_the_same_tokens(smollm2):
+    plain, spec = smollm2
+    tok = plain.engine.tokenizer
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": f"Repeat this text exactly: {COPY}"}]),
+                        add_special_tokens=False)
+    params = [SamplingParams(max_tokens=48, temperature=t, top_p=p, seed=s, logprobs=1)
+              for t, p, s in [(0.7, 1.0, 11), (1.0, 0.9, 12), (0.3, 1.0, 13)]]
+    before = spec.engine.speculator.stats.num_accepted_tokens
+    got = spec.generate([prompt] * 3, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in plain.generate([prompt] * 3, params)]
+    assert spec.engine.speculator.stats.num_accepted_tokens - before > 10
+
+
+@pytest.mark.slow
+def test_unseeded_sampling_keeps_the_distribution(smollm2):
+    """Two-sample chi-square over the first four tokens of 600 unseeded copies of a copying
+    prompt at temperature 1, with and without speculation: proposals are made at every step and
+    both accepted and rejected, so both halves of the rule are exercised."""
+    n = 600
+    tok = smollm2[0].engine.tokenizer
+    # The reply already under way, so the model copies from its first token on.
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": f"Repeat this text exactly: {COPY}"}])
+                        + "The quick", add_special_tokens=False)
+    params = SamplingParams(max_tokens=4, temperature=1.0)
+
+    def samples(spec: SpeculativeConfig | None) -> tuple[Counter, LLMEngine]:
+        cfg = EngineConfig(compile=F32, weight_format="f32", kv_cache_size_gb=0.3, speculative=spec,
+                           scheduler=SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=4096))
+        llm = LLM(cfg, log=lambda m: None)
+        return Counter(tuple(o.token_ids) for o in llm.generate([prompt] * n, params)), llm.engine
+
+    with_spec, engine = samples(NGRAM)
+    without, _ = samples(None)
+    stats = engine.speculator.stats
+    assert stats.num_drafts > 0.8 * n and n < stats.num_accepted_tokens < stats.num_draft_tokens - 20, stats
+    # Outcomes seen often enough in both runs together; the rest pooled into one cell.
+    cells = [k for k in with_spec.keys() | without.keys() if with_spec[k] + without[k] >= 10]
+    a = [with_spec[k] for k in cells] + [n - sum(with_spec[k] for k in cells)]
+    b = [without[k] for k in cells] + [n - sum(without[k] for k in cells)]
+    stat = sum((x - y) ** 2 / (x + y) for x, y in zip(a, b) if x + y)
+    assert len(cells) >= 3
+    assert stat < _chi2_critical(len(a) - 1), (stat, len(a))
