@@ -12,6 +12,7 @@ from vinoserve.cache.eviction import CacheEvictionConfig
 from vinoserve.cache.rotation import kernel_supports_rotation
 from vinoserve.cache.kv_cache import KVCache, num_blocks_for_bytes
 from vinoserve.cache.prefix_cache import salt_hash
+from vinoserve.engine.draft_proposer import DraftModelProposer
 from vinoserve.engine.evictor import Evictor, SequenceEviction
 from vinoserve.engine.memory import available_memory_bytes
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
@@ -105,7 +106,11 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.blocks)
         self.runner = ModelRunner(paged, self.cache)
         self.sampler = Sampler()
-        self.speculator = Speculator(config.speculative) if config.speculative is not None else None
+        spec = config.speculative
+        draft = (DraftModelProposer.load(spec, config.compile, self.model, num_blocks * paged.block_size,
+                                         config.scheduler.max_num_batched_tokens, log)
+                 if spec is not None and spec.method == "draft_model" else None)
+        self.speculator = Speculator(spec, draft) if spec is not None else None
         self.eos_token_ids = tuple(dict.fromkeys([*self.model.config.eos_token_ids, *self.tokenizer.eos_token_ids]))
         self.grammars = GrammarCompiler(self.tokenizer.token_bytes, self.model.config.vocab_size, self.eos_token_ids,
                                          sorted(self.tokenizer.special_token_ids),
