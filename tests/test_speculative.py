@@ -219,3 +219,26 @@ def test_unseeded_sampling_keeps_the_distribution(smollm2):
     stat = sum((x - y) ** 2 / (x + y) for x, y in zip(a, b) if x + y)
     assert len(cells) >= 3
     assert stat < _chi2_critical(len(a) - 1), (stat, len(a))
+
+
+@pytest.mark.slow
+def test_blocks_filled_by_accepted_proposals_serve_later_prefix_hits(smollm2):
+    """A follow-up turn whose prompt is the first turn's prompt and reply hits the blocks that
+    verification filled, and still answers exactly as the plain engine does."""
+    plain, spec = smollm2
+    tok = plain.engine.tokenizer
+    first = tok.encode(tok.apply_chat_template([{"role": "user", "content": f"Repeat this text exactly: {COPY}"}]),
+                       add_special_tokens=False)
+    greedy = SamplingParams(max_tokens=70, temperature=0, ignore_eos=True)
+    reply = spec.generate([first], greedy)[0].token_ids
+    assert reply == plain.generate([first], greedy)[0].token_ids
+    follow = first + reply + tok.encode("\nAgain:", add_special_tokens=False)
+    engine = spec.engine
+    engine.add_request("turn2", follow, greedy)
+    got, cached = [], 0
+    while engine.has_unfinished_requests:
+        for o in engine.step():
+            got += o.new_token_ids
+            cached = o.num_cached_tokens
+    assert cached >= (len(first) + len(reply)) // 32 * 32 - 32  # the reply's full blocks were hits
+    assert got == plain.generate([follow], greedy)[0].token_ids
