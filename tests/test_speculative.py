@@ -15,7 +15,7 @@ from test_engine import ARRIVAL_STEPS, GREEDY, PROMPT_LENS, _run_staggered, refe
 from vinoserve.engine.llm import LLM
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.engine.ngram_proposer import find_continuation
-from vinoserve.engine.speculative import SpeculativeConfig
+from vinoserve.engine.speculative import SpeculativeConfig, Speculator
 from vinoserve.model.paged import CompileOptions
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.scheduler.scheduler import SchedulerConfig
@@ -52,10 +52,37 @@ def test_speculative_config_takes_vllm_keys_and_names_bad_ones():
         SpeculativeConfig.parse('{"method": "draft_model"}')
 
 
+def test_proposals_are_made_while_they_pay_for_their_share_of_the_step():
+    weight_bound = Speculator(SpeculativeConfig(disable_by_batch_size=64))
+    compute_bound = Speculator(SpeculativeConfig(disable_by_batch_size=64))
+    for n in (1, 2, 4, 8, 16, 32):
+        weight_bound.cost.observe(n, 0.020 + 0.001 * n)  # reading the weights dominates a step
+        compute_bound.cost.observe(n, 0.001 + 0.002 * n)
+    assert weight_bound.budget([4], [0.9]) == [4]
+    assert weight_bound.budget([4, 4], [0.9, 0.04]) == [4, 0]  # one that keeps failing stops
+    assert weight_bound.budget([2], [0.9]) == [2]  # near max_tokens
+    assert compute_bound.budget([4] * 16, [0.7] * 16) == [0] * 16  # a big batch gains nothing
+    assert 0 < sum(compute_bound.budget([4], [0.9])) < 4
+
+
+def eager(engine: LLMEngine) -> LLMEngine:
+    """Propose the most every step: without step-cost figures the speculator tries everything,
+    so which tokens a step verifies no longer depends on this machine's timings."""
+    if engine.speculator is not None:
+        engine.speculator.cost.fit = lambda: None
+    return engine
+
+
+def _llm(config: EngineConfig) -> LLM:
+    llm = LLM(config, log=lambda m: None)
+    eager(llm.engine)
+    return llm
+
+
 def _tiny_engine(path: str, num_blocks: int, spec: SpeculativeConfig | None = NGRAM, budget: int = 64) -> LLMEngine:
     cfg = EngineConfig(model=path, compile=F32, num_kv_blocks=num_blocks, speculative=spec,
                        scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=budget))
-    return LLMEngine(cfg, log=lambda m: None)
+    return eager(LLMEngine(cfg, log=lambda m: None))
 
 
 def _spent(engine: LLMEngine) -> tuple[int, int]:
@@ -93,7 +120,7 @@ def test_seeded_sampling_draws_the_same_tokens_as_without_speculation(tiny):
                                     (0.2, 0.95, 0, 4, 1.0)]]
     prompts = [tiny[2][i] for i in (0, 1, 2, 4)]
     plain = LLM(EngineConfig(model=tiny[1], compile=F32, num_kv_blocks=64), log=lambda m: None).generate(prompts, params)
-    llm = LLM(EngineConfig(model=tiny[1], compile=F32, num_kv_blocks=64, speculative=NGRAM), log=lambda m: None)
+    llm = _llm(EngineConfig(model=tiny[1], compile=F32, num_kv_blocks=64, speculative=NGRAM))
     spec = llm.generate(prompts, params)
     assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
     for a, b in zip(spec, plain):  # the logprobs of accepted tokens come from their own rows
@@ -109,8 +136,7 @@ def _chi2_critical(df: int, z: float = 3.72) -> float:
 @pytest.fixture(scope="module")
 def smollm2(smollm2_gguf):
     def make(spec):
-        return LLM(EngineConfig(compile=F32, weight_format="f32", kv_cache_size_gb=0.2, speculative=spec),
-                   log=lambda m: None)
+        return _llm(EngineConfig(compile=F32, weight_format="f32", kv_cache_size_gb=0.2, speculative=spec))
     return make(None), make(SpeculativeConfig(disable_by_batch_size=16))
 
 
@@ -205,7 +231,7 @@ def test_unseeded_sampling_keeps_the_distribution(smollm2):
     def samples(spec: SpeculativeConfig | None) -> tuple[Counter, LLMEngine]:
         cfg = EngineConfig(compile=F32, weight_format="f32", kv_cache_size_gb=0.3, speculative=spec,
                            scheduler=SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=4096))
-        llm = LLM(cfg, log=lambda m: None)
+        llm = _llm(cfg)
         return Counter(tuple(o.token_ids) for o in llm.generate([prompt] * n, params)), llm.engine
 
     with_spec, engine = samples(NGRAM)
@@ -219,3 +245,26 @@ def test_unseeded_sampling_keeps_the_distribution(smollm2):
     stat = sum((x - y) ** 2 / (x + y) for x, y in zip(a, b) if x + y)
     assert len(cells) >= 3
     assert stat < _chi2_critical(len(a) - 1), (stat, len(a))
+
+
+@pytest.mark.slow
+def test_blocks_filled_by_accepted_proposals_serve_later_prefix_hits(smollm2):
+    """A follow-up turn whose prompt is the first turn's prompt and reply hits the blocks that
+    verification filled, and still answers exactly as the plain engine does."""
+    plain, spec = smollm2
+    tok = plain.engine.tokenizer
+    first = tok.encode(tok.apply_chat_template([{"role": "user", "content": f"Repeat this text exactly: {COPY}"}]),
+                       add_special_tokens=False)
+    greedy = SamplingParams(max_tokens=70, temperature=0, ignore_eos=True)
+    reply = spec.generate([first], greedy)[0].token_ids
+    assert reply == plain.generate([first], greedy)[0].token_ids
+    follow = first + reply + tok.encode("\nAgain:", add_special_tokens=False)
+    engine = spec.engine
+    engine.add_request("turn2", follow, greedy)
+    got, cached = [], 0
+    while engine.has_unfinished_requests:
+        for o in engine.step():
+            got += o.new_token_ids
+            cached = o.num_cached_tokens
+    assert cached >= (len(first) + len(reply)) // 32 * 32 - 32  # the reply's full blocks were hits
+    assert got == plain.generate([follow], greedy)[0].token_ids

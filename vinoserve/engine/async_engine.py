@@ -121,10 +121,10 @@ class AsyncLLMEngine:
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="vinoserve-engine", daemon=True)
         self.error: BaseException | None = None
-        self.stats = EngineSnapshot()
         self._lock = threading.Lock()
         self._unapplied = 0  # AddRequests not yet taken from the inbox
         self._undelivered = 0
+        self._publish()  # zeros for every counter the engine has, before its first step
         self._thread.start()
 
     @property

@@ -117,6 +117,7 @@ class LLMEngine:
                                          lambda text: self.tokenizer.encode(text, add_special_tokens=False))
         self._requests: dict[str, _Request] = {}
         self._forks: dict[str, list[_Request]] = {}  # a request id -> choices waiting for its prompt
+        self._last_num_tokens = 0  # tokens in the step being run (its cost, for speculation)
         self.stats = StepStats()
         log(f"KV cache: {num_blocks} blocks of {paged.block_size} tokens, {self.cache.nbytes / 2**30:.2f} GiB "
             f"({paged.layout.key_type.get_type_name()} keys, {paged.layout.value_type.get_type_name()} values)")
@@ -221,8 +222,11 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         start = time.perf_counter()
         outputs = self._step()
+        seconds = time.perf_counter() - start
         self.stats.num_steps += 1
-        self.stats.step_seconds += time.perf_counter() - start
+        self.stats.step_seconds += seconds
+        if self.speculator is not None and self._last_num_tokens:
+            self.speculator.cost.observe(self._last_num_tokens, seconds)
         self.stats.num_generated_tokens += sum(len(o.new_token_ids) for o in outputs)
         return outputs
 
@@ -230,6 +234,7 @@ class LLMEngine:
         if self.speculator is not None:
             self._propose()
         plan = self.scheduler.schedule()
+        self._last_num_tokens = plan.num_batched_tokens
         for seq in plan.preempted:
             if (ev := self._requests[seq.request_id].eviction) is not None:
                 self.evictor.forget(ev)

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import weakref
+from collections import deque
 from dataclasses import dataclass, field, fields
 from typing import Protocol
+
+import numpy as np
 
 from vinoserve.engine.ngram_proposer import NgramProposer
 from vinoserve.scheduler.sequence import Sequence
@@ -85,40 +88,88 @@ class SpecStats:
         return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
 
 
+class StepCost:
+    """Seconds per step as a + b * tokens, least squares over the recent steps: what one more
+    token in a step costs on this machine, for this model, now."""
+
+    def __init__(self, window: int = 64) -> None:
+        self._tokens: deque[int] = deque(maxlen=window)
+        self._seconds: deque[float] = deque(maxlen=window)
+
+    def observe(self, num_tokens: int, seconds: float) -> None:
+        self._tokens.append(num_tokens)
+        self._seconds.append(seconds)
+
+    def fit(self) -> tuple[float, float] | None:
+        """(a, b), or None until steps of at least three sizes were seen."""
+        if len(set(self._tokens)) < 3:
+            return None
+        b, a = np.polyfit(np.array(self._tokens, dtype=np.float64), np.array(self._seconds), 1)
+        return max(a, 1e-6), max(b, 1e-9)
+
+
 @dataclass
-class _Backoff:
-    misses: int = 0  # proposals rejected in a row
-    resume_at: int = 0  # the step from which it may propose again
+class _Acceptance:
+    """Decayed counts of accepted and tried proposals of one sequence: accepting each next
+    proposal is taken as a coin with this sequence's own odds."""
+
+    accepted: float = 0.0
+    tried: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return min((self.accepted + 1) / (self.tried + 2), 0.95)  # a prior of one of each
+
+    def update(self, num_drafts: int, num_accepted: int, decay: float = 0.8) -> None:
+        self.accepted = decay * self.accepted + num_accepted
+        self.tried = decay * self.tried + num_accepted + (num_accepted < num_drafts)
 
 
 class Speculator:
-    """Picks the sequences that speculate this step and keeps the score."""
+    """Picks how many tokens each decoding sequence proposes this step, and keeps the score.
 
-    MAX_BACKOFF_STEPS = 16
+    Proposals are added, most likely first, while they raise the expected tokens per second of
+    the step: a proposal whose chance of being accepted is g (its sequence's rate to the power
+    of its position) is worth it while g / b > E / T, with T = a + b * tokens the fitted step
+    time and E the tokens the step is expected to yield. A big batch, a slow step per token or
+    proposals that keep failing all turn speculation off by themselves."""
 
     def __init__(self, config: SpeculativeConfig, proposer: Proposer | None = None) -> None:
         self.config = config
         self.proposer = proposer or NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
         self.stats = SpecStats(accepted_per_position=[0] * config.num_speculative_tokens)
-        self._backoff: weakref.WeakKeyDictionary[Sequence, _Backoff] = weakref.WeakKeyDictionary()
-        self._step = 0
+        self.cost = StepCost()
+        self._acceptance: weakref.WeakKeyDictionary[Sequence, _Acceptance] = weakref.WeakKeyDictionary()
 
     def propose(self, seqs: list[Sequence], room: list[int]) -> None:
         """Set draft_token_ids of the decoding sequences `seqs`; room[i]: how many tokens seq i
-        may still add (max_tokens, context). A sequence whose proposals keep failing waits a
-        while (doubling) before it proposes again."""
-        self._step += 1
+        may still add (max_tokens, context)."""
         if not seqs or len(seqs) > self.config.disable_by_batch_size:
             return
-        chosen, ks = [], []
-        for seq, r in zip(seqs, room):
-            k = min(self.config.num_speculative_tokens, r - 1)
-            b = self._backoff.get(seq)
-            if k > 0 and (b is None or b.resume_at <= self._step):
-                chosen.append(seq)
-                ks.append(k)
-        for seq, drafts in zip(chosen, self.proposer.propose(chosen, ks) if chosen else []):
+        ks = self.budget([min(self.config.num_speculative_tokens, r - 1) for r in room],
+                          [self._acceptance.setdefault(seq, _Acceptance()).rate for seq in seqs])
+        chosen = [(seq, k) for seq, k in zip(seqs, ks) if k > 0]
+        if not chosen:
+            return
+        for (seq, _), drafts in zip(chosen, self.proposer.propose([s for s, _ in chosen], [k for _, k in chosen])):
             seq.draft_token_ids = drafts
+
+    def budget(self, limits: list[int], rates: list[float]) -> list[int]:
+        """Proposals per sequence (at most limits[i]) given each one's acceptance rate."""
+        ks = [0] * len(limits)
+        fit = self.cost.fit()
+        if fit is None:  # no cost figures yet: try everything once, to get them
+            return [max(k, 0) for k in limits]
+        a, b = fit
+        expected, seconds = float(len(limits)), a + b * len(limits)
+        offers = sorted(((rates[i] ** j, i) for i, k in enumerate(limits) for j in range(1, k + 1)), reverse=True)
+        for gain, i in offers:
+            if gain * seconds <= b * expected:
+                break
+            ks[i] += 1
+            expected += gain
+            seconds += b
+        return ks
 
     def record(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
         """The outcome of verifying num_drafts proposals of seq."""
@@ -128,6 +179,4 @@ class Speculator:
         s.num_accepted_tokens += num_accepted
         for i in range(num_accepted):
             s.accepted_per_position[i] += 1
-        b = self._backoff.setdefault(seq, _Backoff())
-        b.misses = 0 if num_accepted else b.misses + 1
-        b.resume_at = self._step + 1 + min(2 ** b.misses - 1, self.MAX_BACKOFF_STEPS) if b.misses else 0
+        self._acceptance.setdefault(seq, _Acceptance()).update(num_drafts, num_accepted)

@@ -1,0 +1,112 @@
+"""Speculative decoding, paired in one process: the same requests through an engine without
+speculation and one with it, interleaved, each measurement repeated; generated tokens per second
+and the ratio, with the acceptance figures.
+
+  copy    chat requests that rewrite a piece of this repository's source (rename a function,
+          output the whole file): the model copies most of its input, so prompt lookup pays
+  random  random token prompts, ignore_eos: nothing to look up, proposals are rare
+
+    python benchmarks/speculative.py --workload copy --streams 1,4 --repeats 3
+    python benchmarks/speculative.py --workload random --streams 64 --input-len 256 --out 128
+    python benchmarks/speculative.py --workload copy --streams 1 \\
+        --spec '{"method": "draft_model", "model": "default", "weight_format": "int8"}'
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
+from vinoserve.engine.speculative import SpeculativeConfig
+from vinoserve.model.paged import CompileOptions
+from vinoserve.scheduler.sampling_params import SamplingParams
+from vinoserve.scheduler.scheduler import SchedulerConfig
+
+SOURCES = ["vinoserve/cache/block_allocator.py", "vinoserve/cache/block_manager.py", "vinoserve/engine/outputs.py",
+           "vinoserve/scheduler/sequence.py", "vinoserve/engine/ngram_proposer.py", "vinoserve/cache/kv_cache.py",
+           "vinoserve/server/limits.py", "vinoserve/engine/detokenize.py"]
+
+
+def copy_prompts(engine: LLMEngine, n: int, chars: int) -> list[list[int]]:
+    root = Path(__file__).resolve().parent.parent
+    tok, prompts = engine.tokenizer, []
+    for i in range(n):
+        code = (root / SOURCES[i % len(SOURCES)]).read_text()[:chars]
+        ask = f"Add a comment at the top of this code, then output the whole code unchanged:\n\n{code}"
+        prompts.append(tok.encode(tok.apply_chat_template([{"role": "user", "content": ask}]),
+                                  add_special_tokens=False))
+    return prompts
+
+
+def random_prompts(engine: LLMEngine, n: int, length: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(100, engine.model.config.vocab_size - 100, length).tolist() for _ in range(n)]
+
+
+def run(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> tuple[float, int]:
+    """Seconds from first add to last token, tokens generated (all prompts arrive together)."""
+    start = time.perf_counter()
+    for i, p in enumerate(prompts):
+        engine.add_request(f"b{i}-{start}", p, params)
+    tokens = 0
+    while engine.has_unfinished_requests:
+        tokens += sum(len(o.new_token_ids) for o in engine.step())
+    return time.perf_counter() - start, tokens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", choices=("copy", "random"), default="copy")
+    ap.add_argument("--streams", default="1,4", help="concurrent requests, comma-separated")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", type=int, default=256, help="max tokens per request")
+    ap.add_argument("--input-len", type=int, default=256, help="random workload: prompt tokens")
+    ap.add_argument("--chars", type=int, default=1500, help="copy workload: source characters per prompt")
+    ap.add_argument("--model", default=None, help="default: the built-in model")
+    ap.add_argument("--weight-format", default="f16")
+    ap.add_argument("--inference-precision", default=None)
+    ap.add_argument("--spec", default='{"method": "ngram", "num_speculative_tokens": 4}',
+                    help="--speculative-config JSON for the speculating engine")
+    ap.add_argument("--budget", type=int, default=256, help="max_num_batched_tokens")
+    args = ap.parse_args()
+
+    spec = SpeculativeConfig.parse(args.spec)
+    if spec.model == "default":
+        spec = replace(spec, model=None if args.model is None else args.model)
+    base = EngineConfig(model=args.model, weight_format=args.weight_format, kv_cache_size_gb=1.0,
+                        compile=CompileOptions(inference_precision=args.inference_precision),
+                        scheduler=SchedulerConfig(max_num_batched_tokens=args.budget), enable_prefix_caching=False)
+    engines = {"plain": LLMEngine(base, log=lambda m: None),
+               "spec": LLMEngine(replace(base, speculative=spec), log=lambda m: None)}
+    print(f"speculative config: {json.dumps(spec.__dict__)}")
+    params = SamplingParams(max_tokens=args.out, temperature=0, ignore_eos=args.workload == "random")
+    for streams in (int(s) for s in args.streams.split(",")):
+        prompts = (copy_prompts(engines["plain"], streams, args.chars) if args.workload == "copy"
+                   else random_prompts(engines["plain"], streams, args.input_len))
+        rates: dict[str, list[float]] = {"plain": [], "spec": []}
+        run(engines["plain"], prompts[:1], replace(params, max_tokens=4))  # warm up both
+        run(engines["spec"], prompts[:1], replace(params, max_tokens=4))
+        before = replace(engines["spec"].speculator.stats)
+        for _ in range(args.repeats):
+            for name, engine in engines.items():
+                seconds, tokens = run(engine, prompts, params)
+                rates[name].append(tokens / seconds)
+        s = engines["spec"].speculator.stats
+        drafts, proposed, accepted = (s.num_drafts - before.num_drafts, s.num_draft_tokens - before.num_draft_tokens,
+                                      s.num_accepted_tokens - before.num_accepted_tokens)
+        ratios = [a / b for a, b in zip(rates["spec"], rates["plain"])]
+        print(f"{args.workload} streams={streams}: plain {statistics.median(rates['plain']):.1f} tok/s, "
+              f"spec {statistics.median(rates['spec']):.1f} tok/s, ratio {statistics.median(ratios):.3f} "
+              f"[{min(ratios):.3f}, {max(ratios):.3f}]; proposals {drafts}, tokens proposed {proposed}, "
+              f"accepted {accepted} ({accepted / max(proposed, 1):.0%}), "
+              f"mean acceptance length {1 + accepted / max(drafts, 1):.2f}")
+
+
+if __name__ == "__main__":
+    main()
