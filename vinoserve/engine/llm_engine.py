@@ -382,6 +382,8 @@ class LLMEngine:
 
     def _append(self, req: _Request, token: int, logprob: float, top) -> RequestOutput:
         seq, params = req.seq, req.seq.params
+        if req.sampling.grammar is not None:  # here, not in the sampler: a batch sampled again after
+            req.sampling.grammar.accept(token)  # a fault must not advance a matcher twice
         seq.output_token_ids.append(token)
         req.metrics.first_token_time = req.metrics.first_token_time or time.monotonic()
         reason = None
