@@ -163,3 +163,37 @@ def test_server_fault_isolation_then_engine_death_exits_non_zero(fault_server):
     refused = httpx.post(f"{url}/v1/completions", json={"prompt": "hello", "max_tokens": 5})
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "engine_dead"
     assert proc.wait(30) == 1
+
+
+@pytest.mark.slow
+def test_a_batch_sampled_again_after_a_fault_advances_grammars_once(smollm2_gguf, monkeypatch):
+    """The engine, not the sampler, advances a request's grammar: when a batch fails after its
+    tokens were drawn and each request is sampled alone, a constrained neighbour still sees
+    each token once and keeps to its grammar."""
+    from vinoserve.scheduler.grammar import GrammarSpec
+
+    prompts = ["Pick a number: ", "Once upon a time"]
+    constrained = SamplingParams(max_tokens=12, temperature=0, grammar=GrammarSpec("regex", "[0-9]{6}"))
+    faulty = SamplingParams(max_tokens=12, temperature=0, seed=99, logprobs=1)
+
+    def run(requests):
+        engine = LLMEngine(EngineConfig(compile=F32, weight_format="f32", num_kv_blocks=16), log=lambda m: None)
+        for i, (prompt, params) in enumerate(requests):
+            engine.add_request(f"r{i}", prompt, params)
+        texts = {f"r{i}": "" for i in range(len(requests))}
+        while engine.has_unfinished_requests:
+            for o in engine.step():
+                texts[o.request_id] += o.new_text
+        return texts["r0"]
+
+    alone = run([(prompts[0], constrained)])
+    assert len(alone) == 6 and alone.isdigit()
+    with_logprobs = sampler_module._with_logprobs
+
+    def broken(logits, tokens, rows):
+        if any(r.params.seed == 99 for r in rows):
+            raise FloatingPointError("injected after the draw")
+        return with_logprobs(logits, tokens, rows)
+
+    monkeypatch.setattr(sampler_module, "_with_logprobs", broken)
+    assert run([(prompts[0], constrained), (prompts[1], faulty)]) == alone

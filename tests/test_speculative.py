@@ -238,13 +238,32 @@ def test_unseeded_sampling_keeps_the_distribution(smollm2):
     without, _ = samples(None)
     stats = engine.speculator.stats
     assert stats.num_drafts > 0.8 * n and n < stats.num_accepted_tokens < stats.num_draft_tokens - 20, stats
-    # Outcomes seen often enough in both runs together; the rest pooled into one cell.
-    cells = [k for k in with_spec.keys() | without.keys() if with_spec[k] + without[k] >= 10]
-    a = [with_spec[k] for k in cells] + [n - sum(with_spec[k] for k in cells)]
-    b = [without[k] for k in cells] + [n - sum(without[k] for k in cells)]
-    stat = sum((x - y) ** 2 / (x + y) for x, y in zip(a, b) if x + y)
-    assert len(cells) >= 3
-    assert stat < _chi2_critical(len(a) - 1), (stat, len(a))
+    # The whole 4-token outcome, and each verified position's token on its own.
+    tested = 0
+    for key in (lambda t: t, lambda t: t[1], lambda t: t[2], lambda t: t[3]):
+        tested += _two_sample_chi2(_regroup(with_spec, key), _regroup(without, key), n)
+    assert tested >= 4
+
+
+def _regroup(outcomes: Counter, key) -> Counter:
+    grouped: Counter = Counter()
+    for outcome, count in outcomes.items():
+        grouped[key(outcome)] += count
+    return grouped
+
+
+def _two_sample_chi2(a_counts: Counter, b_counts: Counter, n: int) -> int:
+    """Asserts both samples (n each) come from one distribution; returns the cells compared.
+    Outcomes seen fewer than 10 times in both together are pooled into one cell."""
+    cells = [k for k in a_counts.keys() | b_counts.keys() if a_counts[k] + b_counts[k] >= 10]
+    a = [a_counts[k] for k in cells] + [n - sum(a_counts[k] for k in cells)]
+    b = [b_counts[k] for k in cells] + [n - sum(b_counts[k] for k in cells)]
+    pairs = [(x, y) for x, y in zip(a, b) if x + y]
+    if len(pairs) < 2:
+        return 0
+    stat = sum((x - y) ** 2 / (x + y) for x, y in pairs)
+    assert stat < _chi2_critical(len(pairs) - 1), (stat, a, b)
+    return len(pairs)
 
 
 @pytest.mark.slow
@@ -268,3 +287,35 @@ def test_blocks_filled_by_accepted_proposals_serve_later_prefix_hits(smollm2):
             cached = o.num_cached_tokens
     assert cached >= (len(first) + len(reply)) // 32 * 32 - 32  # the reply's full blocks were hits
     assert got == plain.generate([follow], greedy)[0].token_ids
+
+
+@pytest.mark.parametrize("rotation", [True, False])
+def test_with_cache_eviction_evictions_come_at_the_same_token_counts(tiny, rotation):
+    """Proposals never cross an eviction point, so a speculating sequence evicts exactly where a
+    plain one does; until the first eviction its tokens are the plain ones; blocks all return."""
+    from vinoserve.cache.eviction import CacheEvictionConfig
+
+    evict = CacheEvictionConfig(start_size=32, recent_size=32, max_cache_size=96, rotation=rotation)
+    prompt = tiny[2][2][:40]
+    params = SamplingParams(max_tokens=260, temperature=0, ignore_eos=True)
+
+    def run(spec):
+        engine = eager(LLMEngine(EngineConfig(model=tiny[1], compile=F32, num_kv_blocks=32, cache_eviction=evict,
+                                              speculative=spec), log=lambda m: None))
+        engine.add_request("r", prompt, params)
+        tokens, evictions, seen = [], [], 0
+        while engine.has_unfinished_requests:
+            for o in engine.step():
+                tokens += o.new_token_ids
+            if engine.evictor.num_evicted_blocks > seen:
+                evictions.append((len(tokens), engine.evictor.num_evicted_blocks - seen))
+                seen = engine.evictor.num_evicted_blocks
+        assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+        return tokens, evictions, engine
+
+    plain, plain_evictions, _ = run(None)
+    spec, spec_evictions, engine = run(NGRAM)
+    assert len(plain_evictions) >= 3 and spec_evictions == plain_evictions
+    first = plain_evictions[0][0]
+    assert spec[:first] == plain[:first]
+    assert _spent(engine)[1] > 0

@@ -43,8 +43,18 @@ class Evictor:
         return SequenceEviction(EvictionState(cfg, layers, self.blocks.block_size), [[] for _ in range(layers)])
 
     @staticmethod
+    def room(seq: Sequence, ev: SequenceEviction | None) -> int:
+        """Tokens seq may add in one step before its cache must be evicted: speculative proposals
+        never cross that point, so evictions happen at the token counts they would without them."""
+        if ev is None:
+            return seq.params.max_tokens
+        cfg = ev.state.config
+        return cfg.max_cache_size + ev.state.block_size - seq.num_cached_tokens - 1
+
+    @staticmethod
     def score_window(ev: SequenceEviction | None, samples: bool, num_tokens: int) -> int:
-        """Queries whose scores count this step: SnapKV's window at the prompt's end, 1 in decode."""
+        """Queries whose scores count this step: SnapKV's window at the prompt's end, 1 in decode
+        (with speculative proposals, those too: rejected ones' attention to earlier keys counts)."""
         if ev is None or not samples:
             return 0
         return min(ev.state.config.snapkv_window, num_tokens)

@@ -247,8 +247,6 @@ class LLMEngine:
         if plan.copies:
             self.cache.copy_blocks(plan.copies)
         result = self.runner.step(chunks, rotation)
-        if result.scores is not None:
-            self._collect_scores(chunks, reqs, result.scores)
         for s, r in zip(plan.scheduled, reqs):
             # Proposals count as computed only once verified (see _sample_and_verify).
             s.seq.num_computed_tokens += s.num_tokens - s.num_drafts
@@ -261,10 +259,9 @@ class LLMEngine:
         ends = np.cumsum([c.num_logits for c in chunks])
         sampling = [(r, int(end) - 1 - s.num_drafts, s.num_drafts)
                     for s, r, end in zip(plan.scheduled, reqs, ends) if s.samples]
-        if not sampling:
-            return []
-        sampling = self._fork_choices(sampling, now)
-        outputs = self._sample_and_verify(result.rows, sampling)
+        outputs = self._sample_and_verify(result.rows, self._fork_choices(sampling, now)) if sampling else []
+        if result.scores is not None:  # after verification: the scores of rejected proposals' keys go
+            self._collect_scores(chunks, reqs, result.scores)
         for r, _, _ in sampling:
             if r.eviction is not None and not r.seq.status.is_finished:
                 self.evictor.evict_if_full(r.seq, r.eviction)
@@ -275,9 +272,10 @@ class LLMEngine:
         seqs, room = [], []
         for seq in self.scheduler.running:
             req = self._requests[seq.request_id]
-            if seq.is_decoding and req.eviction is None and req.prompt_logprobs is None:
+            if seq.is_decoding and req.prompt_logprobs is None:
                 seqs.append(seq)
-                room.append(min(seq.params.max_tokens - len(seq.output_token_ids), self.max_context - seq.num_tokens))
+                room.append(min(seq.params.max_tokens - len(seq.output_token_ids), self.max_context - seq.num_tokens,
+                                Evictor.room(seq, req.eviction)))
         self.speculator.propose(seqs, room)
 
     def _sample_and_verify(self, rows: np.ndarray, sampling: list[tuple[_Request, int, int]]) -> list[RequestOutput]:
@@ -345,11 +343,13 @@ class LLMEngine:
 
     @staticmethod
     def _collect_scores(chunks: list[ScheduledChunk], reqs: list[_Request], scores: list[np.ndarray]) -> None:
+        """Each scored chunk's scores of the keys still cached (rejected proposals' are gone)."""
         offset = 0
         for chunk, req in zip(chunks, reqs):
             n = chunk.past_len + len(chunk.token_ids)
-            if chunk.score_window and req.eviction is not None:
-                req.eviction.state.add([layer[offset:offset + n] for layer in scores])
+            if chunk.score_window and req.eviction is not None and not req.seq.status.is_finished:
+                keep = min(n, req.seq.num_cached_tokens)
+                req.eviction.state.add([layer[offset:offset + keep] for layer in scores])
             offset += n
 
     def _sample(self, rows: np.ndarray, reqs: list[_Request]) -> list[tuple[int, float, list | None] | Exception]:
@@ -387,6 +387,8 @@ class LLMEngine:
 
     def _append(self, req: _Request, token: int, logprob: float, top) -> RequestOutput:
         seq, params = req.seq, req.seq.params
+        if req.sampling.grammar is not None:  # here, not in the sampler: a batch sampled again after
+            req.sampling.grammar.accept(token)  # a fault must not advance a matcher twice
         seq.output_token_ids.append(token)
         req.metrics.first_token_time = req.metrics.first_token_time or time.monotonic()
         reason = None

@@ -34,7 +34,7 @@ class SamplingState:
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
     eos_token_ids: tuple[int, ...] = ()
-    grammar: GrammarState | None = None  # the structured-output constraint, if any
+    grammar: GrammarState | None = None  # the structured-output constraint; its owner advances it
     rng: np.random.Generator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -82,9 +82,6 @@ class Sampler:
         sel = np.flatnonzero(~greedy & (top_k == 0) & (top_p == 1))
         if len(sel):
             tokens[sel] = _pick(_probs(work[sel], temperature[sel], min_p[sel]), u[sel])
-        for r, t in zip(rows, tokens):
-            if r.grammar is not None:
-                r.grammar.accept(int(t))
         return _with_logprobs(logits, tokens, rows)
 
 
