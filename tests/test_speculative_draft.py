@@ -68,6 +68,18 @@ def test_self_drafting_through_preemption_and_aborts(tiny, reference):
     _all_blocks_back(engine)
 
 
+def test_seeded_sampling_draws_the_same_tokens_as_without_speculation(tiny):
+    params = [SamplingParams(max_tokens=32, temperature=t, top_p=p, seed=seed, ignore_eos=True)
+              for t, p, seed in [(0.7, 1.0, 1), (1.0, 0.9, 2), (0.3, 1.0, 3)]]
+    prompts = [tiny[2][i] for i in (0, 2, 4)]
+    plain = LLM(EngineConfig(model=tiny[1], compile=F32, weight_format="f32", num_kv_blocks=64), log=lambda m: None)
+    spec = LLM(EngineConfig(model=tiny[1], compile=F32, weight_format="f32", num_kv_blocks=64,
+                            speculative=_draft_config(tiny[1])), log=lambda m: None)
+    assert [o.token_ids for o in spec.generate(prompts, params)] == [o.token_ids for o in plain.generate(prompts, params)]
+    s = spec.engine.speculator.stats
+    assert s.num_draft_tokens > s.num_accepted_tokens > 0  # greedy proposals, sampled tokens: both outcomes
+
+
 def test_a_full_draft_cache_skips_proposing_but_never_fails(tiny, reference):
     roomy = _self_drafting(tiny[1], num_blocks=64, budget=64)
     _run_staggered(roomy, tiny[2], GREEDY)
