@@ -63,13 +63,15 @@ def test_proposals_are_made_while_they_pay_for_their_share_of_the_step():
     assert weight_bound.budget([2], [0.9]) == [2]  # near max_tokens
     assert compute_bound.budget([4] * 16, [0.7] * 16) == [0] * 16  # a big batch gains nothing
     assert 0 < sum(compute_bound.budget([4], [0.9])) < 4
+    fresh = Speculator(SpeculativeConfig())  # no figures yet: k, 0, k/2 in turn, to get some
+    assert [fresh.budget([4], [0.9]) for _ in range(4)] == [[4], [0], [2], [4]]
 
 
 def eager(engine: LLMEngine) -> LLMEngine:
-    """Propose the most every step: without step-cost figures the speculator tries everything,
-    so which tokens a step verifies no longer depends on this machine's timings."""
+    """Propose the most every step, so which tokens a step verifies does not depend on this
+    machine's timings."""
     if engine.speculator is not None:
-        engine.speculator.cost.fit = lambda: None
+        engine.speculator.budget = lambda limits, rates: [max(k, 0) for k in limits]
     return engine
 
 

@@ -8,6 +8,7 @@ import gguf_fixtures
 import pytest
 
 from test_engine import GREEDY, PROMPT_LENS, _run_staggered, reference, tiny  # noqa: F401
+from test_speculative import eager
 from vinoserve.engine.draft_proposer import DraftModelProposer
 from vinoserve.engine.llm import LLM
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
@@ -29,7 +30,7 @@ def _self_drafting(path: str, num_blocks: int, budget: int) -> LLMEngine:
     cfg = EngineConfig(model=path, compile=F32, weight_format="f32", num_kv_blocks=num_blocks,
                        speculative=_draft_config(path),
                        scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=budget))
-    return LLMEngine(cfg, log=lambda m: None)
+    return eager(LLMEngine(cfg, log=lambda m: None))
 
 
 def _all_blocks_back(engine: LLMEngine) -> None:
@@ -75,6 +76,7 @@ def test_seeded_sampling_draws_the_same_tokens_as_without_speculation(tiny):
     plain = LLM(EngineConfig(model=tiny[1], compile=F32, weight_format="f32", num_kv_blocks=64), log=lambda m: None)
     spec = LLM(EngineConfig(model=tiny[1], compile=F32, weight_format="f32", num_kv_blocks=64,
                             speculative=_draft_config(tiny[1])), log=lambda m: None)
+    eager(spec.engine)
     assert [o.token_ids for o in spec.generate(prompts, params)] == [o.token_ids for o in plain.generate(prompts, params)]
     s = spec.engine.speculator.stats
     assert s.num_draft_tokens > s.num_accepted_tokens > 0  # greedy proposals, sampled tokens: both outcomes
@@ -112,8 +114,10 @@ COPY = ("The quick brown fox jumps over the lazy dog. Pack my box with five doze
 @pytest.mark.slow
 def test_smollm2_int8_drafting_for_f32_keeps_greedy_output(smollm2_gguf, tiny):
     def make(spec):
-        return LLM(EngineConfig(compile=F32, weight_format="f32", kv_cache_size_gb=0.1, speculative=spec),
-                   log=lambda m: None)
+        llm = LLM(EngineConfig(compile=F32, weight_format="f32", kv_cache_size_gb=0.1, speculative=spec),
+                  log=lambda m: None)
+        eager(llm.engine)
+        return llm
     plain, spec = make(None), make(_draft_config(DEFAULT_MODEL.name, "int8", k=4))
     tok = plain.engine.tokenizer
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": f"Repeat this text exactly: {COPY}"}]),

@@ -225,8 +225,8 @@ class LLMEngine:
         seconds = time.perf_counter() - start
         self.stats.num_steps += 1
         self.stats.step_seconds += seconds
-        if self.speculator is not None and self._last_num_tokens:
-            self.speculator.cost.observe(self._last_num_tokens, seconds)
+        if self.speculator is not None and self._last_num_tokens:  # the step's own cost, proposals apart
+            self.speculator.cost.observe(self._last_num_tokens, seconds - self.speculator.propose_seconds)
         self.stats.num_generated_tokens += sum(len(o.new_token_ids) for o in outputs)
         return outputs
 

@@ -10,6 +10,7 @@ the output itself, are those of plain decoding.
 from __future__ import annotations
 
 import json
+import time
 import weakref
 from collections import deque
 from dataclasses import dataclass, field, fields
@@ -130,45 +131,63 @@ class Speculator:
 
     Proposals are added, most likely first, while they raise the expected tokens per second of
     the step: a proposal whose chance of being accepted is g (its sequence's rate to the power
-    of its position) is worth it while g / b > E / T, with T = a + b * tokens the fitted step
-    time and E the tokens the step is expected to yield. A big batch, a slow step per token or
-    proposals that keep failing all turn speculation off by themselves."""
+    of its position) is worth it while g / c > E / T, where c = b + p is its cost (b: one more
+    token in the verifying step, fitted as T = a + b * tokens over recent steps; p: the
+    proposer's measured seconds per proposed token, about nothing for prompt lookup, a draft
+    model's step for a draft model) and E the tokens the step is expected to yield. A big batch,
+    a slow proposer or proposals that keep failing all turn speculation off by themselves."""
+
+    # Until the fit has steps of three sizes, proposals are capped in turn at k, 0 and k/2, so
+    # that even a batch whose every step would verify k tokens gets figures to fit.
+    _EXPLORE = (1.0, 0.0, 0.5)
 
     def __init__(self, config: SpeculativeConfig, proposer: Proposer | None = None) -> None:
         self.config = config
         self.proposer = proposer or NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
         self.stats = SpecStats(accepted_per_position=[0] * config.num_speculative_tokens)
         self.cost = StepCost()
+        self.propose_seconds = 0.0  # of the last call: the engine leaves it out of the step's cost
+        self._per_proposal = 0.0  # proposer seconds per proposed token, decayed average
+        self._explored = 0
         self._acceptance: weakref.WeakKeyDictionary[Sequence, _Acceptance] = weakref.WeakKeyDictionary()
 
     def propose(self, seqs: list[Sequence], room: list[int]) -> None:
         """Set draft_token_ids of the decoding sequences `seqs`; room[i]: how many tokens seq i
         may still add (max_tokens, context)."""
+        self.propose_seconds = 0.0
         if not seqs or len(seqs) > self.config.disable_by_batch_size:
             return
         ks = self.budget([min(self.config.num_speculative_tokens, r - 1) for r in room],
-                          [self._acceptance.setdefault(seq, _Acceptance()).rate for seq in seqs])
+                         [self._acceptance.setdefault(seq, _Acceptance()).rate for seq in seqs])
         chosen = [(seq, k) for seq, k in zip(seqs, ks) if k > 0]
         if not chosen:
             return
-        for (seq, _), drafts in zip(chosen, self.proposer.propose([s for s, _ in chosen], [k for _, k in chosen])):
+        start = time.perf_counter()
+        proposals = self.proposer.propose([s for s, _ in chosen], [k for _, k in chosen])
+        self.propose_seconds = time.perf_counter() - start
+        for (seq, _), drafts in zip(chosen, proposals):
             seq.draft_token_ids = drafts
+        if made := sum(map(len, proposals)):
+            self._per_proposal = 0.8 * self._per_proposal + 0.2 * self.propose_seconds / made
 
     def budget(self, limits: list[int], rates: list[float]) -> list[int]:
         """Proposals per sequence (at most limits[i]) given each one's acceptance rate."""
-        ks = [0] * len(limits)
         fit = self.cost.fit()
-        if fit is None:  # no cost figures yet: try everything once, to get them
-            return [max(k, 0) for k in limits]
+        if fit is None:
+            share = self._EXPLORE[self._explored % len(self._EXPLORE)]
+            self._explored += 1
+            return [max(round(k * share), 0) for k in limits]
         a, b = fit
+        ks = [0] * len(limits)
+        cost = b + self._per_proposal
         expected, seconds = float(len(limits)), a + b * len(limits)
         offers = sorted(((rates[i] ** j, i) for i, k in enumerate(limits) for j in range(1, k + 1)), reverse=True)
         for gain, i in offers:
-            if gain * seconds <= b * expected:
+            if gain * seconds <= cost * expected:
                 break
             ks[i] += 1
             expected += gain
-            seconds += b
+            seconds += cost
         return ks
 
     def record(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
