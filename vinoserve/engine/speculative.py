@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import time
 import weakref
-from collections import deque
 from dataclasses import dataclass, field, fields
 from typing import Protocol
 
@@ -90,22 +89,23 @@ class SpecStats:
 
 
 class StepCost:
-    """Seconds per step as a + b * tokens, least squares over the recent steps: what one more
-    token in a step costs on this machine, for this model, now."""
+    """Seconds per step as a + b * tokens: what one more token in a step costs on this machine,
+    for this model, now. A decayed average per step size, fitted by least squares, so sizes seen
+    long ago still anchor the line while recent steps move it."""
 
-    def __init__(self, window: int = 64) -> None:
-        self._tokens: deque[int] = deque(maxlen=window)
-        self._seconds: deque[float] = deque(maxlen=window)
+    def __init__(self, decay: float = 0.9) -> None:
+        self.decay = decay
+        self._seconds: dict[int, float] = {}
 
     def observe(self, num_tokens: int, seconds: float) -> None:
-        self._tokens.append(num_tokens)
-        self._seconds.append(seconds)
+        old = self._seconds.get(num_tokens)
+        self._seconds[num_tokens] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
 
     def fit(self) -> tuple[float, float] | None:
         """(a, b), or None until steps of at least three sizes were seen."""
-        if len(set(self._tokens)) < 3:
+        if len(self._seconds) < 3:
             return None
-        b, a = np.polyfit(np.array(self._tokens, dtype=np.float64), np.array(self._seconds), 1)
+        b, a = np.polyfit(np.fromiter(self._seconds.keys(), np.float64), np.fromiter(self._seconds.values(), np.float64), 1)
         return max(a, 1e-6), max(b, 1e-9)
 
 
@@ -161,6 +161,9 @@ class Speculator:
                          [self._acceptance.setdefault(seq, _Acceptance()).rate for seq in seqs])
         chosen = [(seq, k) for seq, k in zip(seqs, ks) if k > 0]
         if not chosen:
+            # A draft model's first call also computes the whole prompt, which can price it out
+            # for good: its cost figure fades while it is idle, so it gets tried again.
+            self._per_proposal *= 0.99
             return
         start = time.perf_counter()
         proposals = self.proposer.propose([s for s, _ in chosen], [k for _, k in chosen])
