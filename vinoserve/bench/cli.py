@@ -1,4 +1,4 @@
-"""`vinoserve bench serve` (load-test any OpenAI-compatible server) and `vinoserve bench engine`."""
+"""`vinoserve bench serve` (load-test any OpenAI-compatible server), `bench engine`, `bench llamacpp`."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vinoserve.bench import engine_vs_genai, soak
+from vinoserve.bench import engine_vs_genai, llamacpp, soak
 from vinoserve.bench.client import Target, run
 from vinoserve.bench.metrics import Goodput, summarize
 from vinoserve.bench.workloads import (multi_turn_workload, prefix_repetition_workload, random_workload,
@@ -23,6 +23,8 @@ def add_bench_parser(sub) -> None:
     _serve_arguments(serve)
     engine = kinds.add_parser("engine", help="vinoserve's engine vs openvino-genai's CB pipeline, offline")
     engine_vs_genai.add_arguments(engine)
+    llama = kinds.add_parser("llamacpp", help="single-stream decode and prompt tok/s: llama.cpp vs vinoserve, same GGUF")
+    llamacpp.add_arguments(llama)
     soaker = kinds.add_parser("soak", help="mixed requests with random disconnects; fails on 5xx, leaks, tracebacks")
     soak.add_arguments(soaker)
 
@@ -159,6 +161,8 @@ def main(args: argparse.Namespace) -> int:
         return soak.main(args)
     if args.bench_command == "engine":
         engine_vs_genai.main(args)
+    elif args.bench_command == "llamacpp":
+        llamacpp.main(args)
     else:
         bench_serve(args)
     return 0

@@ -1,0 +1,236 @@
+"""Single-stream decode and prompt speed: llama.cpp (the `xllamacpp` wheel) vs vinoserve, same GGUF.
+
+Both engines run in this process, one request at a time, on the same prompt token ids (cut from
+real English text, tokenized by the GGUF's own tokenizer), greedy with ignore_eos, prompt caching
+off on both. Each round runs every engine once, in an order that alternates between rounds, so the
+machine's load changes hit all of them alike; the report gives each engine's median tok/s and the
+median [25th, 75th percentile] of the per-round ratios against llama.cpp.
+
+Timing is taken the same way for every engine, from outside it: prompt tok/s = prompt tokens /
+time to the first token; decode tok/s = (output tokens - 1) / time from the first token to the last.
+llama.cpp's own `timings` are printed beside its figures.
+
+    vinoserve bench llamacpp                                   # SmolLM2 Q4_1: llama.cpp, vinoserve int8, f16
+    vinoserve bench llamacpp --input-len 512 --output-len 256 --rounds 7
+
+From Python (e.g. to put llama.cpp's single stream beside another figure):
+
+    from vinoserve.bench.llamacpp import LlamaCpp
+    with LlamaCpp("smollm2-135m-instruct") as llama:
+        print(llama.generate("Once upon a time", max_tokens=128).decode_tok_s)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from vinoserve.model import default_model
+from vinoserve.model.tokenizer import Tokenizer
+
+
+@dataclass
+class StreamTiming:
+    """One request's timing, measured from outside the engine."""
+    prompt_tokens: int
+    output_tokens: int
+    ttft_s: float  # request start to first token: the prompt's prefill (and one sampling step)
+    decode_s: float  # first token to last
+
+    @property
+    def prompt_tok_s(self) -> float:
+        return self.prompt_tokens / self.ttft_s
+
+    @property
+    def decode_tok_s(self) -> float:
+        return (self.output_tokens - 1) / self.decode_s if self.output_tokens > 1 else float("nan")
+
+    # llama.cpp's own report of the same request (its `timings`), where the engine gives one
+    internal: dict = field(default_factory=dict)
+
+
+def gguf_path(model: str) -> Path:
+    """A built-in model's GGUF (fetched if needed), or a .gguf path."""
+    if model in default_model.BUILTIN_MODELS:
+        return default_model.fetch(default_model.BUILTIN_MODELS[model], log=lambda m: None)
+    path = Path(model).expanduser()
+    if path.suffix != ".gguf" or not path.is_file():
+        raise SystemExit(f"{model!r} is neither a built-in model nor a .gguf file: llama.cpp needs the GGUF")
+    return path
+
+
+class LlamaCpp:
+    """llama.cpp's server loop in this process (xllamacpp.Server, no HTTP), one slot."""
+
+    name = "llama.cpp"
+
+    def __init__(self, model: str, threads: int | None = None, n_ctx: int = 4096, n_batch: int = 512) -> None:
+        try:
+            import xllamacpp
+        except ImportError as e:
+            raise SystemExit("the llama.cpp comparison needs xllamacpp: pip install 'vinoserve[bench]'") from e
+        params = xllamacpp.CommonParams()
+        params.model.path = str(gguf_path(model))
+        params.n_ctx, params.n_parallel = n_ctx, 1
+        params.n_batch = params.n_ubatch = n_batch
+        params.cpuparams.n_threads = params.cpuparams_batch.n_threads = threads or os.cpu_count() or 1
+        self._server = xllamacpp.Server(params)
+
+    def generate(self, prompt: str | list[int], max_tokens: int) -> StreamTiming:
+        times: list[float] = []
+        last: dict = {}
+
+        def on_chunk(chunk: dict) -> bool:
+            times.append(time.perf_counter())
+            last.update(chunk)
+            return False  # keep going
+
+        request = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+                   "cache_prompt": False, "stream": True}
+        start = time.perf_counter()
+        self._server.handle_completions(request, on_chunk)
+        if "error" in last or "usage" not in last:
+            raise RuntimeError(f"llama.cpp failed: {last}")
+        usage = last["usage"]
+        # The final chunk carries usage and timings only; each token chunk before it carries text.
+        token_times = times[:-1] if len(times) > usage["completion_tokens"] else times
+        return StreamTiming(usage["prompt_tokens"], usage["completion_tokens"], token_times[0] - start,
+                            token_times[-1] - token_times[0], internal=last.get("timings", {}))
+
+    def close(self) -> None:
+        del self._server
+
+    def __enter__(self) -> LlamaCpp:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Vinoserve:
+    """vinoserve's engine in this process, one request at a time, prefix caching off."""
+
+    def __init__(self, model: str, weight_format: str = "f16", max_num_batched_tokens: int = 512,
+                 kv_cache_precision: str | None = None, threads: int | None = None) -> None:
+        from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
+        from vinoserve.model.paged import CompileOptions
+        from vinoserve.scheduler.scheduler import SchedulerConfig
+
+        self.name = f"vinoserve {weight_format}"
+        cfg = EngineConfig(model=model, weight_format=weight_format, enable_prefix_caching=False,
+                           compile=CompileOptions(kv_cache_precision=kv_cache_precision, num_threads=threads),
+                           scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens))
+        self.engine = LLMEngine(cfg, log=lambda m: None)
+        self._count = 0
+
+    def generate(self, prompt: str | list[int], max_tokens: int) -> StreamTiming:
+        from vinoserve.scheduler.sampling_params import SamplingParams
+
+        self._count += 1
+        params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+        start = time.perf_counter()
+        ids = self.engine.add_request(f"bench-{self._count}", prompt, params)
+        times: list[float] = []
+        while self.engine.has_unfinished_requests:
+            for out in self.engine.step():
+                now = time.perf_counter()
+                times.extend([now] * len(out.new_token_ids))
+        return StreamTiming(len(ids), len(times), times[0] - start, times[-1] - times[0])
+
+    def close(self) -> None:
+        del self.engine
+
+    def __enter__(self) -> Vinoserve:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def real_text_ids(model: str, length: int) -> list[int]:
+    """`length` token ids of real English text, by the GGUF's tokenizer (as both engines read it)."""
+    from vinoserve.bench.workloads import stdlib_english
+    from vinoserve.model.loader import resolve_model_dir
+
+    tokenizer = Tokenizer.from_ir_dir(resolve_model_dir(model, log=lambda m: None))
+    ids = tokenizer.encode(stdlib_english(), add_special_tokens=False)
+    if len(ids) < length:
+        raise SystemExit(f"only {len(ids)} tokens of text; need {length}")
+    return ids[:length]
+
+
+def paired_rounds(engines: list, prompt: str | list[int], max_tokens: int, rounds: int,
+                  on_round=None) -> dict[str, list[StreamTiming]]:
+    """Every engine once per round; the order is reversed every other round."""
+    runs: dict[str, list[StreamTiming]] = {e.name: [] for e in engines}
+    for e in engines:  # warm-up: first-call allocations and compilation stay out of the figures
+        e.generate(prompt, min(max_tokens, 8))
+    for r in range(rounds):
+        for e in engines if r % 2 == 0 else engines[::-1]:
+            runs[e.name].append(e.generate(prompt, max_tokens))
+        if on_round:
+            on_round(r, {name: t[-1] for name, t in runs.items()})
+    return runs
+
+
+def _median_iqr(values: list[float]) -> str:
+    q1, q2, q3 = np.percentile(values, [25, 50, 75])
+    return f"{q2:.3f} [{q1:.3f}, {q3:.3f}]"
+
+
+def report(runs: dict[str, list[StreamTiming]], reference: str = LlamaCpp.name) -> list[str]:
+    lines = [f"{'engine':<16}{'decode tok/s':>14}{'prompt tok/s':>14}{'TTFT ms':>10}"
+             f"   decode / {reference}   prompt / {reference}"]
+    for name, timings in runs.items():
+        decode = statistics.median(t.decode_tok_s for t in timings)
+        prompt = statistics.median(t.prompt_tok_s for t in timings)
+        ttft = statistics.median(t.ttft_s for t in timings)
+        line = f"{name:<16}{decode:>14.1f}{prompt:>14.1f}{1e3 * ttft:>10.1f}"
+        if name != reference and reference in runs:
+            ref = runs[reference]
+            line += (f"   {_median_iqr([t.decode_tok_s / r.decode_tok_s for t, r in zip(timings, ref)]):<24}"
+                     f"{_median_iqr([t.prompt_tok_s / r.prompt_tok_s for t, r in zip(timings, ref)])}")
+        lines.append(line)
+    if reference in runs and runs[reference][0].internal:
+        own = runs[reference]
+        lines.append(f"{reference}'s own timings (median): decode "
+                     f"{statistics.median(t.internal['predicted_per_second'] for t in own):.1f} tok/s, prompt "
+                     f"{statistics.median(t.internal['prompt_per_second'] for t in own):.1f} tok/s")
+    return lines
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", default=default_model.DEFAULT_MODEL.name, help="built-in name or .gguf file")
+    ap.add_argument("--weight-formats", default="int8,f16",
+                    help="vinoserve's conversions of the GGUF to compare (comma-separated: int8, f16, f32)")
+    ap.add_argument("--input-len", type=int, default=256, help="prompt tokens")
+    ap.add_argument("--output-len", type=int, default=128, help="generated tokens")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=None, help="threads for both engines (default: all CPUs)")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=512,
+                    help="vinoserve's prefill chunk (llama.cpp's n_ubatch is 512)")
+    ap.add_argument("--kv-cache-precision", default=None, help="vinoserve's KV cache precision (default: its own)")
+
+
+def main(args: argparse.Namespace) -> None:
+    prompt = real_text_ids(args.model, args.input_len)
+    engines: list = [LlamaCpp(args.model, args.threads, n_ctx=max(4096, args.input_len + args.output_len + 8))]
+    engines += [Vinoserve(args.model, fmt, args.max_num_batched_tokens, args.kv_cache_precision,
+                          args.threads)
+                for fmt in args.weight_formats.split(",") if fmt]
+    print(f"{args.model}: 1 stream, {args.input_len} prompt tokens, {args.output_len} out, {args.rounds} paired "
+          f"rounds, {os.cpu_count()} CPUs; llama.cpp {gguf_path(args.model).name} as is")
+
+    def progress(r: int, last: dict[str, StreamTiming]) -> None:
+        print(f"round {r + 1}: " + ", ".join(f"{n} {t.decode_tok_s:.1f}/{t.prompt_tok_s:.0f}" for n, t in last.items())
+              + " (decode/prompt tok/s)", flush=True)
+
+    runs = paired_rounds(engines, prompt, args.output_len, args.rounds, progress)
+    print("\n".join(report(runs)))
+    for e in engines:
+        e.close()
