@@ -10,6 +10,10 @@ and the ratio, with the acceptance figures.
     python benchmarks/speculative.py --workload random --streams 64 --input-len 256 --out 128
     python benchmarks/speculative.py --workload copy --streams 1 \\
         --spec '{"method": "draft_model", "model": "default", "weight_format": "int8"}'
+    python benchmarks/speculative.py --workload copy --streams 1 --weight-format int8 --llamacpp
+
+--llamacpp adds llama.cpp (xllamacpp, pip install 'vinoserve[bench]') on the same GGUF and token
+ids, one request at a time, beside them (it has no prompt lookup of its own in this loop).
 """
 from __future__ import annotations
 
@@ -74,6 +78,7 @@ def main() -> None:
     ap.add_argument("--spec", default='{"method": "ngram", "num_speculative_tokens": 4}',
                     help="--speculative-config JSON for the speculating engine")
     ap.add_argument("--budget", type=int, default=256, help="max_num_batched_tokens")
+    ap.add_argument("--llamacpp", action="store_true", help="llama.cpp's single-stream figure beside ours")
     args = ap.parse_args()
 
     spec = SpeculativeConfig.parse(args.spec)
@@ -100,12 +105,30 @@ def main() -> None:
         s = engines["spec"].speculator.stats
         drafts, proposed, accepted = (s.num_drafts - before.num_drafts, s.num_draft_tokens - before.num_draft_tokens,
                                       s.num_accepted_tokens - before.num_accepted_tokens)
+        if args.llamacpp and streams == 1:
+            rates["llama.cpp"] = [llamacpp_rate(args.model, prompts[0], args.out) for _ in range(args.repeats)]
         ratios = [a / b for a, b in zip(rates["spec"], rates["plain"])]
         print(f"{args.workload} streams={streams}: plain {statistics.median(rates['plain']):.1f} tok/s, "
               f"spec {statistics.median(rates['spec']):.1f} tok/s, ratio {statistics.median(ratios):.3f} "
               f"[{min(ratios):.3f}, {max(ratios):.3f}]; proposals {drafts}, tokens proposed {proposed}, "
               f"accepted {accepted} ({accepted / max(proposed, 1):.0%}), "
-              f"mean acceptance length {1 + accepted / max(drafts, 1):.2f}")
+              f"mean acceptance length {1 + accepted / max(drafts, 1):.2f}"
+              + (f"; llama.cpp {statistics.median(rates['llama.cpp']):.1f} tok/s" if "llama.cpp" in rates else ""))
+
+
+def llamacpp_rate(model: str | None, prompt: list[int], max_tokens: int) -> float:
+    """llama.cpp's generated tokens per second, prompt included, as `run` counts ours."""
+    from vinoserve.bench.llamacpp import LlamaCpp
+    from vinoserve.model.default_model import DEFAULT_MODEL
+
+    global _llama
+    if _llama is None:
+        _llama = LlamaCpp(model or DEFAULT_MODEL.name)
+    t = _llama.generate(prompt, max_tokens)
+    return t.output_tokens / (t.ttft_s + t.decode_s)
+
+
+_llama = None
 
 
 if __name__ == "__main__":
