@@ -155,6 +155,8 @@ class Speculator:
         """Set draft_token_ids of the decoding sequences `seqs`; room[i]: how many tokens seq i
         may still add (max_tokens, context)."""
         self.propose_seconds = 0.0
+        for seq in seqs:  # each step proposes anew, also for those the last budget left unverified
+            seq.draft_token_ids = []
         if not seqs or len(seqs) > self.config.disable_by_batch_size:
             return
         ks = self.budget([min(self.config.num_speculative_tokens, r - 1) for r in room],
