@@ -321,3 +321,41 @@ def test_with_cache_eviction_evictions_come_at_the_same_token_counts(tiny, rotat
     first = plain_evictions[0][0]
     assert spec[:first] == plain[:first]
     assert _spent(engine)[1] > 0
+
+
+def test_proposals_count_against_the_token_budget_and_never_preempt():
+    from vinoserve.cache.block_manager import BlockManager
+    from vinoserve.scheduler.scheduler import Scheduler
+    from vinoserve.scheduler.sequence import Sequence
+
+    def decoding(sched: Scheduler, rid: str) -> Sequence:
+        """A sequence whose 31-token prompt is computed and whose first token was sampled."""
+        seq = Sequence(rid, list(range(31)), SamplingParams(max_tokens=50))
+        sched.add(seq)
+        sched.schedule()
+        seq.num_computed_tokens = 31
+        seq.output_token_ids.append(5)
+        seq.draft_token_ids = [1, 2, 3, 4]
+        return seq
+
+    blocks = BlockManager(num_blocks=4, block_size=32)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=40), blocks)
+    a = decoding(sched, "a")
+    b = Sequence("b", list(range(60)), SamplingParams(max_tokens=5))
+    sched.add(b)
+    plan = sched.schedule()
+    assert [(s.num_tokens, s.num_drafts) for s in plan.scheduled] == [(5, 4), (35, 0)]  # 40 in all
+    assert len(a.block_tables[0]) == 2  # the proposals reach into a second block
+    sched.rollback(a)  # none accepted: the block that held only proposals goes back
+    assert len(a.block_tables[0]) == 1 and blocks.num_free_blocks == 4 - 1 - 2
+
+    small = Scheduler(SchedulerConfig(max_num_batched_tokens=3), BlockManager(num_blocks=4, block_size=32))
+    c = decoding(small, "c")
+    assert [(s.num_tokens, s.num_drafts) for s in small.schedule().scheduled] == [(3, 2)]
+    assert c.draft_token_ids == [1, 2]
+
+    full = Scheduler(SchedulerConfig(max_num_batched_tokens=40), BlockManager(num_blocks=1, block_size=32))
+    d = decoding(full, "d")
+    plan = full.schedule()  # the proposals would need a second block, and there is none
+    assert [(s.num_tokens, s.num_drafts) for s in plan.scheduled] == [(1, 0)] and not plan.preempted
+    assert d.draft_token_ids == []
