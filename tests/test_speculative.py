@@ -46,6 +46,8 @@ def test_speculative_config_takes_vllm_keys_and_names_bad_ones():
         SpeculativeConfig.parse('{"num_spec_tokens": 4}')
     with pytest.raises(ValueError, match="method"):
         SpeculativeConfig.parse('{"method": "eagle"}')
+    with pytest.raises(ValueError, match="num_speculative_tokens must be an integer"):
+        SpeculativeConfig.parse('{"num_speculative_tokens": "4"}')
     with pytest.raises(ValueError, match="prompt_lookup_min"):
         SpeculativeConfig.parse('{"prompt_lookup_min": 3, "prompt_lookup_max": 2}')
     with pytest.raises(ValueError, match="needs \"model\""):

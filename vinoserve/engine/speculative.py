@@ -50,6 +50,9 @@ class SpeculativeConfig:
             raw["prompt_lookup_min"] = min(raw["prompt_lookup_max"], cls.prompt_lookup_min)
         if "prompt_lookup_min" in raw and "prompt_lookup_max" not in raw:
             raw["prompt_lookup_max"] = max(raw["prompt_lookup_min"], cls.prompt_lookup_max)
+        for key in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size"):
+            if key in raw and (not isinstance(raw[key], int) or isinstance(raw[key], bool)):
+                raise ValueError(f"--speculative-config: {key} must be an integer, not {raw[key]!r}")
         config = cls(**raw)
         config.validate()
         return config
