@@ -132,4 +132,4 @@ def test_smollm2_int8_drafting_for_f32_keeps_greedy_output(smollm2_gguf, tiny):
     # Another vocabulary altogether: the tiny model cannot draft for SmolLM2.
     tiny_model = LLMEngine(EngineConfig(model=tiny[1], compile=F32, num_kv_blocks=4), log=lambda m: None).model
     with pytest.raises(ValueError, match=f"vocabularies of {len(gguf_fixtures.TOKENS)} and 49152"):
-        DraftModelProposer(tiny_model, plain.engine.model, 1024, 64)
+        DraftModelProposer(tiny_model, plain.engine.model, plain.engine.eos_token_ids, 1024, 64)

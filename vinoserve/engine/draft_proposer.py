@@ -9,6 +9,7 @@ single-token steps follow. Proposals are the draft's argmax, so they are determi
 engine's sample-and-compare verification needs."""
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,9 +31,11 @@ class _DraftState:
 
 
 class DraftModelProposer:
-    def __init__(self, draft: LoadedModel, target: LoadedModel, num_token_slots: int, max_step_tokens: int) -> None:
-        """`num_token_slots`: tokens the draft cache holds (rounded down to its blocks);
-        `max_step_tokens`: the most tokens one catch-up step computes."""
+    def __init__(self, draft: LoadedModel, target: LoadedModel, eos_token_ids: Collection[int], num_token_slots: int,
+                 max_step_tokens: int) -> None:
+        """`eos_token_ids`: the target's, where proposals stop; `num_token_slots`: tokens the draft
+        cache holds (rounded down to its blocks); `max_step_tokens`: the most tokens one catch-up
+        step computes."""
         if (draft.config.vocab_size != target.config.vocab_size
                 or draft.tokenizer.token_bytes != target.tokenizer.token_bytes):
             raise ValueError(f"the draft model {draft.path} does not share the target's tokenizer "
@@ -45,15 +48,15 @@ class DraftModelProposer:
         self.blocks = BlockManager(num_blocks, paged.block_size)
         self.runner = ModelRunner(paged, self.cache)
         self.max_step_tokens = max(1, max_step_tokens)
-        self.eos_token_ids = frozenset([*target.config.eos_token_ids, *target.tokenizer.eos_token_ids])
+        self.eos_token_ids = frozenset(eos_token_ids)
         self._states: dict[Sequence, _DraftState] = {}
 
     @classmethod
-    def load(cls, config: SpeculativeConfig, options: CompileOptions, target: LoadedModel, num_token_slots: int,
-             max_step_tokens: int, log=print) -> DraftModelProposer:
+    def load(cls, config: SpeculativeConfig, options: CompileOptions, target: LoadedModel,
+             eos_token_ids: Collection[int], num_token_slots: int, max_step_tokens: int, log=print) -> DraftModelProposer:
         """The draft named by config.model, compiled like the target, weights as config.weight_format."""
         draft = load_model(config.model, options, config.weight_format, log)
-        proposer = cls(draft, target, num_token_slots, max_step_tokens)
+        proposer = cls(draft, target, eos_token_ids, num_token_slots, max_step_tokens)
         log(f"draft model {draft.path.name}: KV cache of {proposer.blocks.num_blocks} blocks, "
             f"{proposer.cache.nbytes / 2**30:.2f} GiB")
         return proposer
@@ -78,7 +81,7 @@ class DraftModelProposer:
         for i, token in last.items():
             proposals[i].append(token)
         # One token per step for each sequence that still wants more and has not proposed a stop.
-        alive = [i for i in last if ks[i] > 1 and not self._stops(seqs[i], last[i])]
+        alive = [i for i in last if ks[i] > 1 and not seqs[i].params.ends_at(last[i], self.eos_token_ids)]
         while alive:
             chunks = [ScheduledChunk([proposals[i][-1]], len(self._states[seqs[i]].tokens),
                                      self._states[seqs[i]].tables) for i in alive]
@@ -86,7 +89,8 @@ class DraftModelProposer:
             for i, token in zip(alive, picks):
                 self._states[seqs[i]].tokens.append(proposals[i][-1])
                 proposals[i].append(token)
-            alive = [i for i in alive if len(proposals[i]) < ks[i] and not self._stops(seqs[i], proposals[i][-1])]
+            alive = [i for i in alive
+                     if len(proposals[i]) < ks[i] and not seqs[i].params.ends_at(proposals[i][-1], self.eos_token_ids)]
         for i in last:  # blocks reserved for proposals that were not made (a stop) go back
             st = self._states[seqs[i]]
             self.blocks.trim(st.tables, len(st.tokens))
@@ -139,10 +143,6 @@ class DraftModelProposer:
                     first[i] = next(picks)
                     del todo[i]
         return first
-
-    def _stops(self, seq: Sequence, token: int) -> bool:
-        """Whether a proposal would end the sequence: nothing after it can be accepted."""
-        return token in seq.params.stop_token_ids or (token in self.eos_token_ids and not seq.params.ignore_eos)
 
     @staticmethod
     def _greedy(rows: np.ndarray) -> list[int]:

@@ -43,13 +43,10 @@ class Evictor:
         return SequenceEviction(EvictionState(cfg, layers, self.blocks.block_size), [[] for _ in range(layers)])
 
     @staticmethod
-    def room(seq: Sequence, ev: SequenceEviction | None) -> int:
+    def room(seq: Sequence, ev: SequenceEviction) -> int:
         """Tokens seq may add in one step before its cache must be evicted: speculative proposals
         never cross that point, so evictions happen at the token counts they would without them."""
-        if ev is None:
-            return seq.params.max_tokens
-        cfg = ev.state.config
-        return cfg.max_cache_size + ev.state.block_size - seq.num_cached_tokens - 1
+        return ev.state.config.max_cache_size + ev.state.block_size - seq.num_cached_tokens - 1
 
     @staticmethod
     def score_window(ev: SequenceEviction | None, samples: bool, num_tokens: int) -> int:

@@ -106,12 +106,12 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.blocks)
         self.runner = ModelRunner(paged, self.cache)
         self.sampler = Sampler()
+        self.eos_token_ids = tuple(dict.fromkeys([*self.model.config.eos_token_ids, *self.tokenizer.eos_token_ids]))
         spec = config.speculative
-        draft = (DraftModelProposer.load(spec, config.compile, self.model, num_blocks * paged.block_size,
-                                         config.scheduler.max_num_batched_tokens, log)
+        draft = (DraftModelProposer.load(spec, config.compile, self.model, self.eos_token_ids,
+                                         num_blocks * paged.block_size, config.scheduler.max_num_batched_tokens, log)
                  if spec is not None and spec.method == "draft_model" else None)
         self.speculator = Speculator(spec, draft) if spec is not None else None
-        self.eos_token_ids = tuple(dict.fromkeys([*self.model.config.eos_token_ids, *self.tokenizer.eos_token_ids]))
         self.grammars = GrammarCompiler(self.tokenizer.token_bytes, self.model.config.vocab_size, self.eos_token_ids,
                                          sorted(self.tokenizer.special_token_ids),
                                          lambda text: self.tokenizer.encode(text, add_special_tokens=False))
@@ -274,8 +274,8 @@ class LLMEngine:
             req = self._requests[seq.request_id]
             if seq.is_decoding and req.prompt_logprobs is None:
                 seqs.append(seq)
-                room.append(min(seq.params.max_tokens - len(seq.output_token_ids), self.max_context - seq.num_tokens,
-                                Evictor.room(seq, req.eviction)))
+                left = min(seq.params.max_tokens - len(seq.output_token_ids), self.max_context - seq.num_tokens)
+                room.append(left if req.eviction is None else min(left, Evictor.room(seq, req.eviction)))
         self.speculator.propose(seqs, room)
 
     def _sample_and_verify(self, rows: np.ndarray, sampling: list[tuple[_Request, int, int]]) -> list[RequestOutput]:
@@ -392,7 +392,7 @@ class LLMEngine:
         seq.output_token_ids.append(token)
         req.metrics.first_token_time = req.metrics.first_token_time or time.monotonic()
         reason = None
-        if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
+        if params.ends_at(token, self.eos_token_ids):
             reason, text = "stop", ""
         else:
             text = req.text.add(token)

@@ -1,6 +1,7 @@
 """Per-request sampling settings, with vLLM / OpenAI semantics and defaults."""
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from vinoserve.scheduler.grammar import GrammarSpec
@@ -44,6 +45,10 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature < GREEDY_EPS
+
+    def ends_at(self, token: int, eos_token_ids: Collection[int]) -> bool:
+        """Whether sampling `token` ends the sequence (a stop token, or EOS unless ignored)."""
+        return token in self.stop_token_ids or (not self.ignore_eos and token in eos_token_ids)
 
     def validate(self) -> None:
         # `not (a <= x <= b)` rather than `x < a or x > b` so that NaN is rejected too.

@@ -21,6 +21,7 @@ class _EngineGauges:
 
     def collect(self):
         stats = self.engine.stats
+        spec = stats.spec_decode
         for family, name, doc, value in [
             (GaugeMetricFamily, "vllm:num_requests_running", "Requests in the running batch.", stats.num_running),
             (GaugeMetricFamily, "vllm:num_requests_waiting", "Requests waiting to be scheduled.",
@@ -39,23 +40,18 @@ class _EngineGauges:
             (CounterMetricFamily, "vinoserve:undelivered_tokens",
              "Tokens generated after their client had left (an abort lands at the next step).",
              stats.num_undelivered_tokens),
-        ]:
+        ] + ([] if spec is None else [
+            (CounterMetricFamily, "vllm:spec_decode_num_drafts",
+             "Verifications of proposed tokens (one per sequence and step).", spec.num_drafts),
+            (CounterMetricFamily, "vllm:spec_decode_num_draft_tokens", "Tokens proposed.", spec.num_draft_tokens),
+            (CounterMetricFamily, "vllm:spec_decode_num_accepted_tokens", "Proposed tokens accepted.",
+             spec.num_accepted_tokens),
+        ]):
             metric = family(name, doc, labels=["model_name"])
             metric.add_metric([self.model], value)
             yield metric
-        if (spec := stats.spec_decode) is not None:
-            yield from self._spec_decode(spec)
-
-    def _spec_decode(self, spec):
-        for name, doc, value in [
-            ("vllm:spec_decode_num_drafts", "Verifications of proposed tokens (one per sequence and step).",
-             spec.num_drafts),
-            ("vllm:spec_decode_num_draft_tokens", "Tokens proposed.", spec.num_draft_tokens),
-            ("vllm:spec_decode_num_accepted_tokens", "Proposed tokens accepted.", spec.num_accepted_tokens),
-        ]:
-            metric = CounterMetricFamily(name, doc, labels=["model_name"])
-            metric.add_metric([self.model], value)
-            yield metric
+        if spec is None:
+            return
         metric = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
                                      "Proposed tokens accepted, by position.", labels=["model_name", "position"])
         for pos, value in enumerate(spec.accepted_per_position):
