@@ -18,50 +18,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
-import time
+from pathlib import Path
 
-import httpx
 import numpy as np
 
 from vinoserve.bench.client import Target, run
 from vinoserve.bench.metrics import summarize
+from vinoserve.bench.soak import launch_server, stop_server
 from vinoserve.bench.workloads import random_workload
 
 MODEL = "smollm2-135m-instruct"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(budget: int, extra: list[str], log_dir: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "vinoserve.cli", "serve", "--port", str(port), "--served-model-name", MODEL,
-           "--max-num-batched-tokens", str(budget), "--no-enable-prefix-caching", "--log-level", "warning", *extra]
-    log = open(os.path.join(log_dir, f"server-{budget}.log"), "w")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), f"http://127.0.0.1:{port}"
-
-
-def wait_ready(proc: subprocess.Popen, url: str, timeout: float = 600.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server for {url} exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"{url} did not become healthy")
 
 
 def main() -> None:
@@ -79,10 +46,12 @@ def main() -> None:
     args = ap.parse_args()
     budgets = [int(b) for b in args.budgets.split(",")]
     extra = [a for a in args.serve_args if a != "--"]
-    servers = {b: start_server(b, extra, args.log_dir) for b in budgets}
+    servers: dict[int, tuple] = {}
     try:
-        for proc, url in servers.values():
-            wait_ready(proc, url)
+        for b in budgets:
+            flags = ["--served-model-name", MODEL, "--max-num-batched-tokens", str(b), "--no-enable-prefix-caching",
+                     "--log-level", "warning", *extra]
+            servers[b] = launch_server(flags, Path(args.log_dir) / f"server-{b}.log", timeout=600)
         runs: dict[int, list[dict]] = {b: [] for b in budgets}
         for r in range(-1, args.rounds):  # round -1 warms every server up and is not counted
             n = args.num_prompts if r >= 0 else 4
@@ -100,9 +69,7 @@ def main() -> None:
                           f"{s['ttft_ms']['median']:7.0f} ms, ITL p99 {s['itl_ms']['p99']:6.0f} ms", flush=True)
     finally:
         for proc, _ in servers.values():
-            proc.send_signal(signal.SIGTERM)
-        for proc, _ in servers.values():
-            proc.wait(60)
+            stop_server(proc)
     print(f"\n{args.num_prompts} requests per round, concurrency {args.concurrency}, prompts {args.input_len} words "
           f"+- {args.range_ratio:.0%}, output {args.output_len} +- {args.range_ratio:.0%}; medians of {args.rounds} "
           f"rounds; ratios against budget {args.reference}: median [min, max] over rounds")

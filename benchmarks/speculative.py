@@ -4,11 +4,12 @@ and the ratio, with the acceptance figures.
 
   copy    chat requests that rewrite a piece of this repository's source (rename a function,
           output the whole file): the model copies most of its input, so prompt lookup pays
+  free    chat requests to write something new: little to copy (where a draft model may pay)
   random  random token prompts, ignore_eos: nothing to look up, proposals are rare
 
     python benchmarks/speculative.py --workload copy --streams 1,4 --repeats 3
     python benchmarks/speculative.py --workload random --streams 64 --input-len 256 --out 128
-    python benchmarks/speculative.py --workload copy --streams 1 \\
+    python benchmarks/speculative.py --workload copy,free --streams 1 --out 128 \\
         --spec '{"method": "draft_model", "model": "default", "weight_format": "int8"}'
     python benchmarks/speculative.py --workload copy --streams 1 --weight-format int8 --llamacpp
 
@@ -28,10 +29,15 @@ import numpy as np
 
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.engine.speculative import SpeculativeConfig
+from vinoserve.model.default_model import DEFAULT_MODEL
 from vinoserve.model.paged import CompileOptions
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.scheduler.scheduler import SchedulerConfig
 
+FREE = ["Write a short story about a lighthouse keeper who finds a message in a bottle.",
+        "Describe a day at a busy market in a small mountain town.",
+        "Explain to a child how a bicycle stays upright.",
+        "Write a letter from a sailor to his sister about the first week at sea."]
 SOURCES = ["vinoserve/cache/block_allocator.py", "vinoserve/cache/block_manager.py", "vinoserve/engine/outputs.py",
            "vinoserve/scheduler/sequence.py", "vinoserve/engine/ngram_proposer.py", "vinoserve/cache/kv_cache.py",
            "vinoserve/server/limits.py", "vinoserve/engine/detokenize.py"]
@@ -64,9 +70,15 @@ def run(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> 
     return time.perf_counter() - start, tokens
 
 
+def free_prompts(engine: LLMEngine, n: int) -> list[list[int]]:
+    tok = engine.tokenizer
+    return [tok.encode(tok.apply_chat_template([{"role": "user", "content": FREE[i % len(FREE)]}]),
+                       add_special_tokens=False) for i in range(n)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", choices=("copy", "random"), default="copy")
+    ap.add_argument("--workload", default="copy", help="copy, free, random, or several comma-separated")
     ap.add_argument("--streams", default="1,4", help="concurrent requests, comma-separated")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=int, default=256, help="max tokens per request")
@@ -76,59 +88,59 @@ def main() -> None:
     ap.add_argument("--weight-format", default="f16")
     ap.add_argument("--inference-precision", default=None)
     ap.add_argument("--spec", default='{"method": "ngram", "num_speculative_tokens": 4}',
-                    help="--speculative-config JSON for the speculating engine")
+                    help="--speculative-config JSON for the speculating engine (a draft \"model\": \"default\" "
+                         "is the target's model)")
     ap.add_argument("--budget", type=int, default=256, help="max_num_batched_tokens")
     ap.add_argument("--llamacpp", action="store_true", help="llama.cpp's single-stream figure beside ours")
     args = ap.parse_args()
 
     spec = SpeculativeConfig.parse(args.spec)
     if spec.model == "default":
-        spec = replace(spec, model=None if args.model is None else args.model)
+        spec = replace(spec, model=args.model or DEFAULT_MODEL.name)
     base = EngineConfig(model=args.model, weight_format=args.weight_format, kv_cache_size_gb=1.0,
                         compile=CompileOptions(inference_precision=args.inference_precision),
                         scheduler=SchedulerConfig(max_num_batched_tokens=args.budget), enable_prefix_caching=False)
     engines = {"plain": LLMEngine(base, log=lambda m: None),
                "spec": LLMEngine(replace(base, speculative=spec), log=lambda m: None)}
+    llama = None
+    if args.llamacpp:
+        from vinoserve.bench.llamacpp import LlamaCpp
+
+        llama = LlamaCpp(args.model or DEFAULT_MODEL.name)
     print(f"speculative config: {json.dumps(spec.__dict__)}")
-    params = SamplingParams(max_tokens=args.out, temperature=0, ignore_eos=args.workload == "random")
-    for streams in (int(s) for s in args.streams.split(",")):
-        prompts = (copy_prompts(engines["plain"], streams, args.chars) if args.workload == "copy"
-                   else random_prompts(engines["plain"], streams, args.input_len))
-        rates: dict[str, list[float]] = {"plain": [], "spec": []}
-        run(engines["plain"], prompts[:1], replace(params, max_tokens=4))  # warm up both
-        run(engines["spec"], prompts[:1], replace(params, max_tokens=4))
-        before = replace(engines["spec"].speculator.stats)
-        for _ in range(args.repeats):
-            for name, engine in engines.items():
-                seconds, tokens = run(engine, prompts, params)
-                rates[name].append(tokens / seconds)
-        s = engines["spec"].speculator.stats
-        drafts, proposed, accepted = (s.num_drafts - before.num_drafts, s.num_draft_tokens - before.num_draft_tokens,
-                                      s.num_accepted_tokens - before.num_accepted_tokens)
-        if args.llamacpp and streams == 1:
-            rates["llama.cpp"] = [llamacpp_rate(args.model, prompts[0], args.out) for _ in range(args.repeats)]
-        ratios = [a / b for a, b in zip(rates["spec"], rates["plain"])]
-        print(f"{args.workload} streams={streams}: plain {statistics.median(rates['plain']):.1f} tok/s, "
-              f"spec {statistics.median(rates['spec']):.1f} tok/s, ratio {statistics.median(ratios):.3f} "
-              f"[{min(ratios):.3f}, {max(ratios):.3f}]; proposals {drafts}, tokens proposed {proposed}, "
-              f"accepted {accepted} ({accepted / max(proposed, 1):.0%}), "
-              f"mean acceptance length {1 + accepted / max(drafts, 1):.2f}"
-              + (f"; llama.cpp {statistics.median(rates['llama.cpp']):.1f} tok/s" if "llama.cpp" in rates else ""))
+    for workload in args.workload.split(","):
+        params = SamplingParams(max_tokens=args.out, temperature=0, ignore_eos=workload == "random")
+        for streams in (int(s) for s in args.streams.split(",")):
+            prompts = {"copy": lambda: copy_prompts(engines["plain"], streams, args.chars),
+                       "free": lambda: free_prompts(engines["plain"], streams),
+                       "random": lambda: random_prompts(engines["plain"], streams, args.input_len)}[workload]()
+            print(f"{workload} streams={streams}: " + measure(engines, prompts, params, args.repeats,
+                                                               llama if streams == 1 else None))
 
 
-def llamacpp_rate(model: str | None, prompt: list[int], max_tokens: int) -> float:
-    """llama.cpp's generated tokens per second, prompt included, as `run` counts ours."""
-    from vinoserve.bench.llamacpp import LlamaCpp
-    from vinoserve.model.default_model import DEFAULT_MODEL
-
-    global _llama
-    if _llama is None:
-        _llama = LlamaCpp(model or DEFAULT_MODEL.name)
-    t = _llama.generate(prompt, max_tokens)
-    return t.output_tokens / (t.ttft_s + t.decode_s)
-
-
-_llama = None
+def measure(engines: dict[str, LLMEngine], prompts: list[list[int]], params: SamplingParams, repeats: int,
+            llama=None) -> str:
+    """Both engines (and llama.cpp, one prompt) alternating run by run; the figures as a line."""
+    for engine in engines.values():  # warm up
+        run(engine, prompts[:1], replace(params, max_tokens=4))
+    rates: dict[str, list[float]] = {name: [] for name in engines}
+    before = replace(engines["spec"].speculator.stats)
+    for _ in range(repeats):
+        for name, engine in engines.items():
+            seconds, tokens = run(engine, prompts, params)
+            rates[name].append(tokens / seconds)
+    s = engines["spec"].speculator.stats
+    drafts, proposed, accepted = (s.num_drafts - before.num_drafts, s.num_draft_tokens - before.num_draft_tokens,
+                                  s.num_accepted_tokens - before.num_accepted_tokens)
+    ratios = [a / b for a, b in zip(rates["spec"], rates["plain"])]
+    line = (f"plain {statistics.median(rates['plain']):.1f} tok/s, spec {statistics.median(rates['spec']):.1f} tok/s, "
+            f"ratio {statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}]; proposals {drafts}, "
+            f"tokens proposed {proposed}, accepted {accepted} ({accepted / max(proposed, 1):.0%}), "
+            f"mean acceptance length {1 + accepted / max(drafts, 1):.2f}")
+    if llama is not None:  # generated tokens per second, prompt included, as `run` counts ours
+        timings = [llama.generate(prompts[0], params.max_tokens) for _ in range(repeats)]
+        line += f"; llama.cpp {statistics.median(t.output_tokens / (t.ttft_s + t.decode_s) for t in timings):.1f} tok/s"
+    return line
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ llama.cpp's own `timings` are printed beside its figures.
 From Python (e.g. to put llama.cpp's single stream beside another figure):
 
     from vinoserve.bench.llamacpp import LlamaCpp
-    with LlamaCpp("smollm2-135m-instruct") as llama:
-        print(llama.generate("Once upon a time", max_tokens=128).decode_tok_s)
+    llama = LlamaCpp("smollm2-135m-instruct")
+    print(llama.generate("Once upon a time", max_tokens=128).decode_tok_s)
+    llama.close()
 """
 from __future__ import annotations
 
@@ -105,12 +106,6 @@ class LlamaCpp:
     def close(self) -> None:
         del self._server
 
-    def __enter__(self) -> LlamaCpp:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
 
 class Vinoserve:
     """vinoserve's engine in this process, one request at a time, prefix caching off."""
@@ -144,12 +139,6 @@ class Vinoserve:
 
     def close(self) -> None:
         del self.engine
-
-    def __enter__(self) -> Vinoserve:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def real_text_ids(model: str, length: int) -> list[int]:
