@@ -117,7 +117,6 @@ class LLMEngine:
                                          lambda text: self.tokenizer.encode(text, add_special_tokens=False))
         self._requests: dict[str, _Request] = {}
         self._forks: dict[str, list[_Request]] = {}  # a request id -> choices waiting for its prompt
-        self._last_num_tokens = 0  # tokens in the step being run (its cost, for speculation)
         self.stats = StepStats()
         log(f"KV cache: {num_blocks} blocks of {paged.block_size} tokens, {self.cache.nbytes / 2**30:.2f} GiB "
             f"({paged.layout.key_type.get_type_name()} keys, {paged.layout.value_type.get_type_name()} values)")
@@ -221,25 +220,25 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         start = time.perf_counter()
-        outputs = self._step()
+        outputs, num_tokens = self._step()
         seconds = time.perf_counter() - start
         self.stats.num_steps += 1
         self.stats.step_seconds += seconds
-        if self.speculator is not None and self._last_num_tokens:  # the step's own cost, proposals apart
-            self.speculator.cost.observe(self._last_num_tokens, seconds - self.speculator.propose_seconds)
+        if self.speculator is not None and num_tokens:  # the step's own cost, proposals apart
+            self.speculator.cost.observe(num_tokens, seconds - self.speculator.propose_seconds)
         self.stats.num_generated_tokens += sum(len(o.new_token_ids) for o in outputs)
         return outputs
 
-    def _step(self) -> list[RequestOutput]:
+    def _step(self) -> tuple[list[RequestOutput], int]:
+        """This step's outputs, and how many tokens it computed."""
         if self.speculator is not None:
             self._propose()
         plan = self.scheduler.schedule()
-        self._last_num_tokens = plan.num_batched_tokens
         for seq in plan.preempted:
             if (ev := self._requests[seq.request_id].eviction) is not None:
                 self.evictor.forget(ev)
         if not plan.scheduled:
-            return []
+            return [], 0
         now = time.monotonic()
         reqs = [self._requests[s.seq.request_id] for s in plan.scheduled]
         chunks = [self._chunk(s, r) for s, r in zip(plan.scheduled, reqs)]
@@ -265,7 +264,7 @@ class LLMEngine:
         for r, _, _ in sampling:
             if r.eviction is not None and not r.seq.status.is_finished:
                 self.evictor.evict_if_full(r.seq, r.eviction)
-        return outputs
+        return outputs, plan.num_batched_tokens
 
     def _propose(self) -> None:
         """Proposals for the decoding sequences that may speculate (set on the sequences)."""
