@@ -86,7 +86,10 @@ def test_prompt_tokens_are_counted_as_soon_as_the_prompt_is_computed(server):
     # Room to run for a minute: on a busy machine the client may read its first token seconds late.
     body = {"messages": FRANCE, "stream": True, "max_tokens": 4000, "ignore_eos": True}
     with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, headers=AUTH, timeout=60) as r:
-        for line in r.iter_lines():
+        # Held, not left to the for loop: a line iterator dropped after `break` is closed, which
+        # closes the response, and the server rightly aborts the request of a client that left.
+        lines = r.iter_lines()
+        for line in lines:
             if line.startswith("data: ") and "role" not in json.loads(line[6:])["choices"][0]["delta"]:
                 break  # the first token is out; the request runs on
         assert metric(server, "vllm:num_requests_running") == 1
