@@ -20,7 +20,7 @@ from vinoserve.server.errors import APIError, bad_value, error_body, failure
 from vinoserve.server.limits import over_capacity
 from vinoserve.server.metrics import Metrics
 from vinoserve.server.protocol import ChatCompletionRequest, new_id, now
-from vinoserve.server.tools import ToolPlan, parse_reply, render_messages, stream_deltas
+from vinoserve.server.tools import ToolPlan, ToolReply, render_messages
 
 
 @dataclass
@@ -237,7 +237,9 @@ class OpenAIServing:
             lp = {"content": c.logprobs} if c.logprobs is not None else None
             message, reason = {"role": "assistant", "content": c.text}, c.finish_reason
             if tools is not None:
-                message, reason = parse_reply(tools, c.text, reason)
+                reply = ToolReply(tools)
+                reply.feed(c.text)
+                message, reason = reply.message(reason)
             return {"index": c.index, "message": message, "logprobs": lp, "finish_reason": reason}
         return {"index": c.index, "text": c.text, "logprobs": _legacy_logprobs(c.logprobs),
                 "finish_reason": c.finish_reason}
@@ -259,16 +261,16 @@ class OpenAIServing:
                               "finish_reason": None}])
         tokens, cached = [0] * len(streams), [0] * len(streams)
         try:
-            held = [""] * len(streams)
+            replies = [ToolReply(tools) for _ in streams] if tools is not None else []
             echoed = [False] * len(streams)
             async for i, out in self._merged(prompts, streams):
                 tokens[i], cached[i] = out.num_output_tokens, out.num_cached_tokens
-                if tools is not None:  # a reply is a call or an answer only once it is whole
-                    held[i] += out.new_text
+                if tools is not None:
+                    deltas = replies[i].feed(out.new_text) + (replies[i].finish() if out.finished else [])
+                    for delta in deltas:
+                        yield event([{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
                     if out.finished:
-                        message, reason = parse_reply(tools, held[i], out.finish_reason)
-                        for delta in stream_deltas(message):
-                            yield event([{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
+                        _, reason = replies[i].message(out.finish_reason)
                         yield event([{"index": i, "delta": {}, "logprobs": None, "finish_reason": reason}])
                     continue
                 # One chunk per token, even one that completes no character yet: clients can

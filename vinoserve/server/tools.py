@@ -4,7 +4,8 @@ The tools and a JSON reply format go into a system message; a JSON-schema gramma
 model to `{"tool_call": {"name", "arguments"}}` (or `{"tool_calls": [...]}` with parallel calls),
 and under `auto` also to `{"response": "<text>"}`. Templates that render tools themselves get
 `tools` as well; templates that do not get earlier calls and results as JSON text, so a
-conversation with tool turns renders whatever the template.
+conversation with tool turns renders whatever the template. Replies stream as they are written
+(`ToolReply`): a call's name once complete, then its arguments fragment by fragment.
 """
 from __future__ import annotations
 
@@ -14,8 +15,7 @@ from dataclasses import dataclass
 
 from vinoserve.scheduler.grammar import GrammarSpec
 from vinoserve.server.errors import APIError
-
-_ARGUMENT_FRAGMENT = 16  # characters of arguments per streamed delta
+from vinoserve.server.json_spans import JsonSpans, partial_string
 
 
 @dataclass(frozen=True)
@@ -117,32 +117,63 @@ def _call_from_history(call: dict) -> tuple[str, object]:
     return f.get("name", ""), args
 
 
-def parse_reply(plan: ToolPlan, text: str, finish_reason: str | None) -> tuple[dict, str | None]:
-    """The assistant message for a finished reply and its finish_reason."""
-    try:
-        reply = json.loads(text)
-    except json.JSONDecodeError:  # cut off by max_tokens or a stop string: pass the text on as it is
-        return {"role": "assistant", "content": text}, finish_reason
-    if "response" in reply:
-        return {"role": "assistant", "content": reply["response"]}, finish_reason
-    calls = reply["tool_calls"] if "tool_calls" in reply else [reply["tool_call"]]
-    tool_calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                   "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
-                  for c in calls]
-    message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
-    return message, (finish_reason if plan.forced or finish_reason != "stop" else "tool_calls")
+class ToolReply:
+    """A constrained reply read as it arrives: a call's id and name are sent once the name is
+    written, its arguments in the fragments the model writes them, an answer's text as it grows.
+    The whole message is built from the same reading, so a stream reassembles into it exactly
+    (a reply cut short by max_tokens keeps its partial arguments, as OpenAI's does)."""
 
+    def __init__(self, plan: ToolPlan) -> None:
+        self.plan, self.json = plan, JsonSpans()
+        self.ids: list[str] = []  # calls announced so far
+        self.sent_args: list[int] = []  # characters of each call's arguments sent
+        self.answer = ""  # the answer's text sent
 
-def stream_deltas(message: dict) -> list[dict]:
-    """The message as OpenAI streams it: content, or per call its id and name, then argument fragments."""
-    if not message.get("tool_calls"):
-        return [{"content": message["content"]}] if message["content"] else []
-    deltas = []
-    for i, call in enumerate(message["tool_calls"]):
-        f = call["function"]
-        deltas.append({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
-                                       "function": {"name": f["name"], "arguments": ""}}]})
-        args = f["arguments"]
-        deltas += [{"tool_calls": [{"index": i, "function": {"arguments": args[k:k + _ARGUMENT_FRAGMENT]}}]}
-                   for k in range(0, len(args), _ARGUMENT_FRAGMENT)]
-    return deltas
+    def feed(self, text: str) -> list[dict]:
+        """The deltas that `text`, the reply's next piece, completes."""
+        self.json.feed(text)
+        if self.json.raw(("response",)) is not None:
+            return self._answer_delta()
+        deltas = []
+        while (self.plan.parallel or not self.ids) and self.json.closed(self._call(len(self.ids)) + ("name",)):
+            k = len(self.ids)
+            self.ids.append(f"call_{uuid.uuid4().hex[:24]}")
+            self.sent_args.append(0)
+            name = json.loads(self.json.raw(self._call(k) + ("name",)))
+            deltas.append({"tool_calls": [{"index": k, "id": self.ids[k], "type": "function",
+                                           "function": {"name": name, "arguments": ""}}]})
+        for k in range(len(self.ids)):
+            args = self.json.raw(self._call(k) + ("arguments",)) or ""
+            if len(args) > self.sent_args[k]:
+                deltas.append({"tool_calls": [{"index": k, "function": {"arguments": args[self.sent_args[k]:]}}]})
+                self.sent_args[k] = len(args)
+        return deltas
+
+    def finish(self) -> list[dict]:
+        """Deltas at the end: a reply that never became a call or an answer is passed on as text."""
+        return [{"content": self.json.text}] if self._unread() and self.json.text else []
+
+    def message(self, finish_reason: str | None) -> tuple[dict, str | None]:
+        """The assistant message for everything fed, and its finish_reason."""
+        if self._unread():
+            return {"role": "assistant", "content": self.json.text}, finish_reason
+        if not self.ids:
+            return {"role": "assistant", "content": self.answer}, finish_reason
+        calls = [{"id": call_id, "type": "function",
+                  "function": {"name": json.loads(self.json.raw(self._call(k) + ("name",))),
+                               "arguments": self.json.raw(self._call(k) + ("arguments",)) or ""}}
+                 for k, call_id in enumerate(self.ids)]
+        forced_or_cut = self.plan.forced or finish_reason != "stop"
+        return {"role": "assistant", "content": None, "tool_calls": calls}, \
+            finish_reason if forced_or_cut else "tool_calls"
+
+    def _call(self, k: int) -> tuple:
+        return ("tool_calls", k) if self.plan.parallel else ("tool_call",)
+
+    def _unread(self) -> bool:
+        return not self.ids and self.json.raw(("response",)) is None
+
+    def _answer_delta(self) -> list[dict]:
+        text = partial_string(self.json.raw(("response",)), self.json.closed(("response",)))
+        new, self.answer = text[len(self.answer):], text
+        return [{"content": new}] if new else []
