@@ -2,6 +2,8 @@
 arrivals, preemption and aborts; every KV block back in the free list at the end."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from gguf_fixtures import tiny_hf_model, write_gguf
@@ -123,3 +125,29 @@ def test_stop_token_and_stop_string(tiny, reference):
     stop = full[10:13]
     r = llm.generate([prompts[0]], SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, stop=[stop]))[0]
     assert r.finish_reason == "stop" and r.text == full[:full.index(stop)]
+
+
+def test_offline_n_choices_share_one_prompt_computation(tiny):
+    _, path, prompts = tiny
+    # no prefix cache: only forking can save the choices' prompt computations here
+    llm = LLM(EngineConfig(model=path, compile=F32, num_kv_blocks=64, enable_prefix_caching=False),
+              log=lambda m: None)
+    choice = SamplingParams(max_tokens=12, temperature=1.0, seed=7, ignore_eos=True)
+    alone = [llm.generate([prompts[1]], replace(choice, seed=7 + j))[0].token_ids for j in range(3)]
+    computed = []
+    step = llm.engine._step
+
+    def counting_step():
+        outputs, num_tokens = step()
+        computed.append(num_tokens)
+        return outputs, num_tokens
+
+    llm.engine._step = counting_step
+    results = llm.generate([prompts[1], prompts[2]], [replace(choice, n=3), GREEDY])
+    assert [r.token_ids for r in results[:3]] == alone and len({tuple(t) for t in alone}) == 3
+    assert len(results) == 4 and results[3].prompt_token_ids == prompts[2]
+    # each prompt once, then every choice's own tokens after its first
+    assert sum(computed) == len(prompts[1]) + 3 * 11 + len(prompts[2]) + MAX_TOKENS - 1
+    assert llm.engine.blocks.num_free_blocks == 64
+    with pytest.raises(ValueError, match="^n"):
+        llm.engine.add_request("x", prompts[0], SamplingParams(n=2))

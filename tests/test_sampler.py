@@ -263,7 +263,6 @@ def test_logprobs_are_the_raw_log_softmax():
     (dict(logprobs=-1), "logprobs"),
     (dict(logprobs=21), "logprobs"),
     (dict(max_tokens=4, min_tokens=5), "min_tokens"),
-    (dict(n=2), "n > 1 is not supported yet"),
     (dict(n=0), "n"),
 ])
 def test_validation_names_the_parameter(kwargs, name):

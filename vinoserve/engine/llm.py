@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.engine.outputs import CompletionOutput
@@ -14,7 +15,9 @@ class LLM:
 
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams] = SamplingParams()) -> list[CompletionOutput]:
-        """All prompts batched together; results in prompt order."""
+        """All prompts batched together; results in prompt order, `n` consecutive choices per
+        prompt: the first computes the prompt, the others share its KV and sample on their own
+        (with a seed, choice j uses seed + j, as the server does)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
@@ -22,9 +25,12 @@ class LLM:
             raise ValueError(f"{len(prompts)} prompts but {len(per_prompt)} sampling params")
         results: dict[str, CompletionOutput] = {}
         for i, (prompt, p) in enumerate(zip(prompts, per_prompt)):
-            rid = f"offline-{i}"
-            ids = self.engine.add_request(rid, prompt if isinstance(prompt, str) else list(prompt), p)
-            results[rid] = CompletionOutput(rid, ids)
+            prompt = prompt if isinstance(prompt, str) else list(prompt)
+            for j in range(p.n):
+                rid = f"offline-{i}-{j}"
+                choice = replace(p, n=1, seed=None if p.seed is None else p.seed + j)
+                ids = self.engine.add_request(rid, prompt, choice, fork_of=f"offline-{i}-0" if j else None)
+                results[rid] = CompletionOutput(rid, ids)
         while self.engine.has_unfinished_requests:
             for out in self.engine.step():
                 results[out.request_id].add(out)

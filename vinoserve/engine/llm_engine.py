@@ -183,6 +183,8 @@ class LLMEngine:
         """ValueError naming the problem if this request could never run; reads only fixed config."""
         if not ids:
             raise ValueError("the prompt is empty")
+        if params.n != 1:  # each choice is its own request, forked from the first (see add_request)
+            raise ValueError("n: the engine runs one choice per request; LLM.generate and the server fan n out")
         vocab = self.model.config.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")

@@ -80,8 +80,6 @@ class SamplingParams:
                 _fail("logit_bias", "maps token ids >= 0 to values in [-100, 100]", {token: bias})
         if self.n < 1:
             _fail("n", "must be >= 1", self.n)
-        if self.n > 1:
-            raise ValueError("n > 1 is not supported yet")
 
 
 def _fail(name: str, rule: str, value: object) -> None:
