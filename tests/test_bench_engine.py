@@ -14,11 +14,12 @@ def test_precision_flags_reach_both_engines(tmp_path):
     # test that forks (pexpect) can crash between fork and exec in a process that has them.
     run = subprocess.run([sys.executable, "-m", "vinoserve.cli", "bench", "engine", "--model", str(gguf),
                           "--prompts", "2", "--input-len", "16", "--output-len", "4",
-                          "--inference-precision", "f32", "--kv-cache-precision", "f16"],
+                          "--inference-precision", "f32", "--kv-cache-precision", "f16", "--repeats", "2"],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     out = run.stdout
     assert re.search(r"^vinoserve .*f32 inference, f16 KV\)$", out, re.M), out
     assert re.search(r"^openvino-genai .*f32 inference, f16 KV\)$", out, re.M), out
+    assert re.search(r"^paired ratios: \d+\.\d{3} \d+\.\d{3}$", out, re.M), out  # --repeats 2: two paired runs
     assert re.search(r"^ratio vinoserve / genai: \d+\.\d{3}$", out, re.M), out
     assert "Model: LLM with Paged Attention" not in out  # genai's property dump stays captured

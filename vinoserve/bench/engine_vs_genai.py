@@ -4,9 +4,11 @@ Same converted model directory, same token-id prompts (real English text), same 
 greedy with ignore_eos, the device's default precisions unless --inference-precision /
 --kv-cache-precision set them (for both engines). Prints generated tok/s of both and their ratio,
 each engine's effective inference precision and KV cache type, vinoserve's mean step time and the
-Python share of it (time outside infer()).
+Python share of it (time outside infer()). With --repeats N both engines are built once and run
+in turn N times; figures are medians and the ratio is the median of the N paired ratios.
 
     vinoserve bench engine                          # SmolLM2, 64 x (256 in, 128 out)
+    vinoserve bench engine --prompts 1 --repeats 7  # single stream, paired runs
     vinoserve bench engine --model qwen2-0.5b-random --prompts 16 --input-len 128
     vinoserve bench engine --prompts 1 --kv-cache-precision bf16
 """
@@ -18,6 +20,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -90,25 +93,33 @@ def random_qwen2_gguf(path: Path, s: dict) -> Path:
     return path
 
 
-def run_vinoserve(model_dir: Path, prompts, out_len: int, blocks: int, budget: int,
-                  precision: CompileOptions) -> dict:
+def vinoserve_runner(model_dir: Path, warm_up, out_len: int, blocks: int, budget: int,
+                     precision: CompileOptions) -> Callable[[list], dict]:
+    """Builds and warms vinoserve's engine once; each call of the result is one timed run."""
     cfg = EngineConfig(model=str(model_dir), num_kv_blocks=blocks, compile=precision,
                        scheduler=SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=budget))
     llm = LLM(cfg, log=lambda m: None)
     params = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
-    llm.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))  # warm-up
+    llm.generate(warm_up, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     engine, runner = llm.engine, llm.engine.runner
-    steps0, step_s0, infer_s0 = engine.stats.num_steps, engine.stats.step_seconds, runner.infer_seconds
-    start = time.perf_counter()
-    results = llm.generate(prompts, params)
-    elapsed = time.perf_counter() - start
-    assert all(len(r.token_ids) == out_len for r in results)
-    steps = engine.stats.num_steps - steps0
-    step_s = engine.stats.step_seconds - step_s0
-    python_s = step_s - (runner.infer_seconds - infer_s0)
-    return dict(seconds=elapsed, tok_s=len(prompts) * out_len / elapsed, steps=steps,
-                step_ms=1e3 * step_s / steps, python_ms=1e3 * python_s / steps,
-                precision=engine.model.paged.inference_precision, kv=_kv_name(engine.model.paged.layout))
+
+    def run(prompts: list) -> dict:
+        steps0, step_s0, infer_s0 = engine.stats.num_steps, engine.stats.step_seconds, runner.infer_seconds
+        hits0 = engine.blocks.prefix.num_hit_tokens if engine.blocks.prefix else 0
+        start = time.perf_counter()
+        results = llm.generate(prompts, params)
+        elapsed = time.perf_counter() - start
+        assert all(len(r.token_ids) == out_len for r in results)
+        # Prompts are fresh each run: genai caches no prefixes by default, so neither may we here.
+        assert (engine.blocks.prefix.num_hit_tokens if engine.blocks.prefix else 0) == hits0, "prefix cache hit"
+        steps = engine.stats.num_steps - steps0
+        step_s = engine.stats.step_seconds - step_s0
+        python_s = step_s - (runner.infer_seconds - infer_s0)
+        return dict(seconds=elapsed, tok_s=len(prompts) * out_len / elapsed, steps=steps,
+                    step_ms=1e3 * step_s / steps, python_ms=1e3 * python_s / steps,
+                    precision=engine.model.paged.inference_precision, kv=_kv_name(engine.model.paged.layout))
+
+    return run
 
 
 def _kv_name(layout) -> str:
@@ -143,8 +154,9 @@ def _genai_pipeline(model_dir: Path, sched, properties: dict):
     return pipe, {key: value for key, sep, value in pairs if sep}
 
 
-def run_genai(model_dir: Path, prompts, out_len: int, blocks: int, budget: int,
-              precision: CompileOptions) -> dict:
+def genai_runner(model_dir: Path, warm_up, out_len: int, blocks: int, budget: int,
+                 precision: CompileOptions) -> Callable[[list], dict]:
+    """Builds and warms genai's pipeline once; each call of the result is one timed run."""
     import openvino as ov
     import openvino_genai as genai
 
@@ -154,17 +166,21 @@ def run_genai(model_dir: Path, prompts, out_len: int, blocks: int, budget: int,
     pipe, effective = _genai_pipeline(model_dir, sched, properties)
     cfg = genai.GenerationConfig()
     cfg.max_new_tokens, cfg.ignore_eos, cfg.do_sample = out_len, True, False
-    tensors = [ov.Tensor(np.array([p], dtype=np.int64)) for p in prompts]
     warm = genai.GenerationConfig()
     warm.max_new_tokens, warm.ignore_eos, warm.do_sample = 4, True, False
-    pipe.generate(tensors[:2], [warm] * len(tensors[:2]))
-    start = time.perf_counter()
-    results = pipe.generate(tensors, [cfg] * len(tensors))
-    elapsed = time.perf_counter() - start
-    assert all(len(r.m_generation_ids[0]) == out_len for r in results)
+    pipe.generate([ov.Tensor(np.array([p], dtype=np.int64)) for p in warm_up], [warm] * len(warm_up))
     k, v = effective.get("KEY_CACHE_PRECISION", "?"), effective.get("VALUE_CACHE_PRECISION", "?")
-    return dict(seconds=elapsed, tok_s=len(prompts) * out_len / elapsed,
-                precision=effective.get("INFERENCE_PRECISION_HINT", "?"), kv=k if k == v else f"{k} key / {v} value")
+
+    def run(prompts: list) -> dict:
+        tensors = [ov.Tensor(np.array([p], dtype=np.int64)) for p in prompts]
+        start = time.perf_counter()
+        results = pipe.generate(tensors, [cfg] * len(tensors))
+        elapsed = time.perf_counter() - start
+        assert all(len(r.m_generation_ids[0]) == out_len for r in results)
+        return dict(seconds=elapsed, tok_s=len(prompts) * out_len / elapsed,
+                    precision=effective.get("INFERENCE_PRECISION_HINT", "?"), kv=k if k == v else f"{k} key / {v} value")
+
+    return run
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -176,6 +192,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--max-num-batched-tokens", type=int, default=256)
     ap.add_argument("--only", choices=("vinoserve", "genai"), default=None)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="timed runs per engine, alternating; the ratio is the median of paired runs")
     ap.add_argument("--inference-precision", choices=PRECISIONS, default=None,
                     help="for both engines (default: the plugin's choice for this CPU)")
     ap.add_argument("--kv-cache-precision", choices=KV_PRECISIONS, default=None,
@@ -190,11 +208,15 @@ def main(args: argparse.Namespace) -> None:
         model = str(random_qwen2_gguf(bench_dir / "qwen2-0.5b-random.gguf", QWEN2_05B))
     model_dir = resolve_model_dir(model, args.weight_format)
     tokenizer = Tokenizer.from_ir_dir(model_dir)
+    # Distinct prompts for the warm-up and for every run: a repeated prompt would be a prefix-cache
+    # hit for vinoserve (on by default) and not for genai (off by default).
+    count = args.prompts * args.repeats + 2
     if args.model == "qwen2-0.5b-random":
         rng = np.random.default_rng(0)
-        prompts = rng.integers(0, QWEN2_05B["vocab"] - 1, (args.prompts, args.input_len)).tolist()
+        prompts = rng.integers(0, QWEN2_05B["vocab"] - 1, (count, args.input_len)).tolist()
     else:
-        prompts = real_text_prompts(tokenizer, args.prompts, args.input_len)
+        prompts = real_text_prompts(tokenizer, count, args.input_len)
+    warm_up, per_run = prompts[-2:], [prompts[r * args.prompts:(r + 1) * args.prompts] for r in range(args.repeats)]
     # Enough KV for every sequence at full length, so neither engine preempts.
     blocks = args.prompts * math.ceil((args.input_len + args.output_len) / 32) + 8
 
@@ -202,16 +224,33 @@ def main(args: argparse.Namespace) -> None:
           f"max_num_batched_tokens {args.max_num_batched_tokens}, {os.cpu_count()} CPUs")
     precision = CompileOptions(inference_precision=args.inference_precision,
                                kv_cache_precision=args.kv_cache_precision)
-    ours = theirs = None
+    runners = {}
     if args.only != "genai":
-        ours = run_vinoserve(model_dir, prompts, args.output_len, blocks, args.max_num_batched_tokens, precision)
-        print(f"vinoserve      {ours['tok_s']:8.1f} generated tok/s  ({ours['seconds']:.2f} s, {ours['steps']} steps, "
-              f"mean step {ours['step_ms']:.1f} ms, Python outside infer {ours['python_ms']:.2f} ms/step, "
-              f"{ours['precision']} inference, {ours['kv']} KV)")
+        runners["vinoserve"] = vinoserve_runner(model_dir, warm_up, args.output_len, blocks,
+                                                args.max_num_batched_tokens, precision)
     if args.only != "vinoserve":
-        theirs = run_genai(model_dir, prompts, args.output_len, blocks, args.max_num_batched_tokens, precision)
-        print(f"openvino-genai {theirs['tok_s']:8.1f} generated tok/s  ({theirs['seconds']:.2f} s, "
-              f"{theirs['precision']} inference, {theirs['kv']} KV)")
-    if ours and theirs:
-        print(f"ratio vinoserve / genai: {ours['tok_s'] / theirs['tok_s']:.3f}")
+        runners["genai"] = genai_runner(model_dir, warm_up, args.output_len, blocks, args.max_num_batched_tokens,
+                                        precision)
+    runs = {name: [] for name in runners}
+    for prompts in per_run:  # alternating, so both engines see the same machine load and prompts
+        for name, run in runners.items():
+            runs[name].append(run(prompts))
+    if "vinoserve" in runs:
+        r = runs["vinoserve"]
+        print(f"vinoserve      {_median(r, 'tok_s'):8.1f} generated tok/s  ({_median(r, 'seconds'):.2f} s, "
+              f"{r[0]['steps']} steps, mean step {_median(r, 'step_ms'):.1f} ms, "
+              f"Python outside infer {_median(r, 'python_ms'):.2f} ms/step, "
+              f"{r[0]['precision']} inference, {r[0]['kv']} KV)")
+    if "genai" in runs:
+        r = runs["genai"]
+        print(f"openvino-genai {_median(r, 'tok_s'):8.1f} generated tok/s  ({_median(r, 'seconds'):.2f} s, "
+              f"{r[0]['precision']} inference, {r[0]['kv']} KV)")
+    if len(runs) == 2:
+        ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(runs["vinoserve"], runs["genai"])]
+        if len(ratios) > 1:
+            print("paired ratios: " + " ".join(f"{x:.3f}" for x in ratios))
+        print(f"ratio vinoserve / genai: {float(np.median(ratios)):.3f}")
 
+
+def _median(runs: list[dict], key: str) -> float:
+    return float(np.median([r[key] for r in runs]))
