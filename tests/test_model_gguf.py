@@ -61,11 +61,12 @@ def test_paged_logits_equal_hf(shape, tmp_path):
     ref = _hf_logits(hf, ids)
 
     # Prompt in two chunks over non-contiguous blocks, then decode token by token.
+    # A step's logits are a view of the output tensor, valid until the next step: kept as copies.
     table = [5, 2, 7]
-    got = [runner.step([ScheduledChunk(ids[:50], 0, [table[:2]], num_logits=50)]).logits[0]]
-    got.append(runner.step([ScheduledChunk(ids[50:80], 50, [table], num_logits=30)]).logits[0])
+    got = [runner.step([ScheduledChunk(ids[:50], 0, [table[:2]], num_logits=50)]).logits[0].copy()]
+    got.append(runner.step([ScheduledChunk(ids[50:80], 50, [table], num_logits=30)]).logits[0].copy())
     for pos in range(80, 90):
-        got.append(runner.step([ScheduledChunk(ids[pos:pos + 1], pos, [table])]).logits[0])
+        got.append(runner.step([ScheduledChunk(ids[pos:pos + 1], pos, [table])]).logits[0].copy())
     np.testing.assert_allclose(np.concatenate(got), ref, atol=1e-4, rtol=0)
 
 
