@@ -56,6 +56,8 @@ class Sampler:
             raise ValueError(f"logits {logits.shape} do not match {len(rows)} rows")
         work = _constrain(_penalise(logits, rows), logits, rows)
         params = [r.params for r in rows]
+        if all(p.is_greedy for p in params):  # the common batch: skip building the filters' arrays
+            return _with_logprobs(logits, work.argmax(axis=1), rows)
         vocab = work.shape[1]
         greedy = np.array([p.is_greedy for p in params], dtype=bool)
         top_k = np.array([p.top_k if 0 < p.top_k < vocab else 0 for p in params])
