@@ -232,8 +232,9 @@ def main(args: argparse.Namespace) -> None:
         runners["genai"] = genai_runner(model_dir, warm_up, args.output_len, blocks, args.max_num_batched_tokens,
                                         precision)
     runs = {name: [] for name in runners}
-    for prompts in per_run:  # alternating, so both engines see the same machine load and prompts
-        for name, run in runners.items():
+    for r, prompts in enumerate(per_run):  # in turn, so both engines see the same machine load and prompts;
+        order = list(runners.items())        # who goes first alternates, so neither always follows the other
+        for name, run in order[::-1] if r % 2 else order:
             runs[name].append(run(prompts))
     if "vinoserve" in runs:
         r = runs["vinoserve"]
