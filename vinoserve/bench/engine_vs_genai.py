@@ -105,13 +105,13 @@ def vinoserve_runner(model_dir: Path, warm_up, out_len: int, blocks: int, budget
 
     def run(prompts: list) -> dict:
         steps0, step_s0, infer_s0 = engine.stats.num_steps, engine.stats.step_seconds, runner.infer_seconds
-        hits0 = engine.blocks.prefix.num_hit_tokens if engine.blocks.prefix else 0
+        hits0 = _prefix_hits(engine)
         start = time.perf_counter()
         results = llm.generate(prompts, params)
         elapsed = time.perf_counter() - start
         assert all(len(r.token_ids) == out_len for r in results)
         # Prompts are fresh each run: genai caches no prefixes by default, so neither may we here.
-        assert (engine.blocks.prefix.num_hit_tokens if engine.blocks.prefix else 0) == hits0, "prefix cache hit"
+        assert _prefix_hits(engine) == hits0, "prefix cache hit"
         steps = engine.stats.num_steps - steps0
         step_s = engine.stats.step_seconds - step_s0
         python_s = step_s - (runner.infer_seconds - infer_s0)
@@ -120,6 +120,10 @@ def vinoserve_runner(model_dir: Path, warm_up, out_len: int, blocks: int, budget
                     precision=engine.model.paged.inference_precision, kv=_kv_name(engine.model.paged.layout))
 
     return run
+
+
+def _prefix_hits(engine) -> int:
+    return engine.blocks.prefix.num_hit_tokens if engine.blocks.prefix else 0
 
 
 def _kv_name(layout) -> str:

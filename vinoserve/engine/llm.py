@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.engine.outputs import CompletionOutput
@@ -28,8 +27,7 @@ class LLM:
             prompt = prompt if isinstance(prompt, str) else list(prompt)
             for j in range(p.n):
                 rid = f"offline-{i}-{j}"
-                choice = replace(p, n=1, seed=None if p.seed is None else p.seed + j)
-                ids = self.engine.add_request(rid, prompt, choice, fork_of=f"offline-{i}-0" if j else None)
+                ids = self.engine.add_request(rid, prompt, p.choice(j), fork_of=f"offline-{i}-0" if j else None)
                 results[rid] = CompletionOutput(rid, ids)
         while self.engine.has_unfinished_requests:
             for out in self.engine.step():

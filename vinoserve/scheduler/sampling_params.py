@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vinoserve.scheduler.grammar import GrammarSpec
 
@@ -45,6 +45,11 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature < GREEDY_EPS
+
+    def choice(self, index: int) -> SamplingParams:
+        """The settings of choice `index` of n: one choice, with seed + index when seeded, so
+        the choices are reproducible and different."""
+        return replace(self, n=1, seed=None if self.seed is None else self.seed + index)
 
     def ends_at(self, token: int, eos_token_ids: Collection[int]) -> bool:
         """Whether sampling `token` ends the sequence (a stop token, or EOS unless ignored)."""

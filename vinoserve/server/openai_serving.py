@@ -5,7 +5,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -128,7 +128,7 @@ class OpenAIServing:
         """n choices of one prompt: the first computes the prompt, the others fork from it (its
         KV, its logits) and sample on their own; a seed gives each choice seed + index."""
         group = new_id("req")
-        return [self.engine.submit(ids, replace(params, seed=None if params.seed is None else params.seed + i),
+        return [self.engine.submit(ids, params.choice(i),
                                    f"{group}-{i}", cache_eviction, fork_of=f"{group}-0" if i else None)
                 for i in range(n)]
 
