@@ -89,7 +89,10 @@ class ModelRunner:
             self._rotation_inputs(rotation, inputs)
 
         start = time.perf_counter()
-        self.request.infer(inputs, share_inputs=True)
+        # Not infer(): it returns a copy of every output (the whole logits tensor), 0.23 ms of a
+        # 17 ms one-sequence decode step on Zen 4 and 0.7 ms at 64 sequences; we read the tensor below.
+        self.request.start_async(inputs, share_inputs=True)
+        self.request.wait()
         self.infer_seconds += time.perf_counter() - start
 
         # No copy: every use of the logits ends before the next infer, and copying them was a third of
