@@ -127,3 +127,27 @@ def test_llama3_rope_scaling_matches_hf_inverse_frequencies():
     hf = tiny_hf_model("llama", rope_theta=500000.0, rope_scaling=LLAMA3_SCALING)
     ours = RopeConfig(500000.0, hf.config.head_dim, scaling=LLAMA3_SCALING).inverse_frequencies()
     np.testing.assert_allclose(ours, hf.model.rotary_emb.inv_freq.double().numpy(), rtol=1e-6)
+
+
+def _fully_connected(model) -> int:
+    ops_ = model.compiled.get_runtime_model().get_ordered_ops()
+    return sum(op.get_rt_info()["layerType"].astype(str) == "FullyConnected" for op in ops_)
+
+
+@pytest.mark.parametrize("shape,weights", [("llama-gqa-untied", "f16"), ("qwen2-qkv-bias", "f16"),
+                                           ("llama-mha-tied", "int8")])
+def test_fused_qkv_projection_gives_identical_logits(shape, weights, tmp_path):
+    """q/k/v merged into one MatMul (fuse_projections) compute the same dot products: logits are
+    bit-identical to the unfused graph's, and only the attention projections were merged."""
+    _, path = _gguf_for(SHAPES[shape], tmp_path)
+    src = GGUFModel.open(path)
+    ids = list(range(10, 60))
+    models, logits = [], []
+    for fuse in (False, True):
+        model = compile_paged(build_model(src.config, src.weight, weights), src.config,
+                              CompileOptions(inference_precision="f32", kv_cache_precision="f32", fuse_projections=fuse))
+        runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=4))
+        logits.append(runner.step([ScheduledChunk(ids, 0, [[0, 1]], num_logits=len(ids))]).logits[0].copy())
+        models.append(model)
+    assert _fully_connected(models[0]) - _fully_connected(models[1]) == 2 * src.config.num_layers
+    np.testing.assert_array_equal(logits[1], logits[0])
