@@ -7,6 +7,7 @@ version's directory, with per-layer block tables as that version compiled it).
     python benchmarks/infer_paired.py --seqs 1 --calls 40
     python benchmarks/infer_paired.py --seqs 16 --old-ir ~/.cache/vinoserve/converted/SmolLM2-...-f16-v1
     python benchmarks/infer_paired.py --seqs 16 --context 1024 --kv-cache-precisions u8
+    python benchmarks/infer_paired.py --seqs 1 --unfused     # ours without the q/k/v fusion too
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from vinoserve.model.paged import CompileOptions, _cache_layout, compile_paged
 
 
 def compiled_models(core: ov.Core, model_dir: Path, cfg: ModelConfig, old_ir: Path | None,
-                    kv_precisions: list[str]) -> dict[str, ov.CompiledModel]:
+                    kv_precisions: list[str], unfused: bool = False) -> dict[str, ov.CompiledModel]:
     def ours(options: CompileOptions) -> ov.CompiledModel:
         return compile_paged(core.read_model(model_dir / "openvino_model.xml"), cfg, options, core).compiled
 
@@ -38,6 +39,8 @@ def compiled_models(core: ov.Core, model_dir: Path, cfg: ModelConfig, old_ir: Pa
         models["old-ir"] = core.compile_model(old, "CPU", CompileOptions().properties())
     for kv in kv_precisions:  # ours again, with another KV cache precision than our default
         models[f"kv {kv}"] = ours(CompileOptions(kv_cache_precision=kv))
+    if unfused:
+        models["unfused"] = ours(CompileOptions(fuse_projections=False))
     return models
 
 
@@ -64,13 +67,15 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--old-ir", type=Path, default=None)
     ap.add_argument("--kv-cache-precisions", default="", help="comma-separated: ours at these KV precisions too")
+    ap.add_argument("--unfused", action="store_true", help="ours with q/k/v as separate MatMuls too")
     args = ap.parse_args()
     model_dir = resolve_model_dir(args.model, log=lambda m: None)
     cfg = ModelConfig.from_dir(model_dir)
     core = ov.Core()
     runs = {}
     for name, compiled in compiled_models(core, model_dir, cfg, args.old_ir,
-                                                   [p for p in args.kv_cache_precisions.split(",") if p]).items():
+                                                   [p for p in args.kv_cache_precisions.split(",") if p],
+                                                   args.unfused).items():
         blocks = args.seqs * (args.context // 32 + 1) + 1
         cache = KVCache(_cache_layout(compiled), cfg.num_layers, num_blocks=blocks)
         request = compiled.create_infer_request()
@@ -83,7 +88,8 @@ def main() -> None:
     for _ in range(args.calls):
         for name, (request, inputs, _cache) in runs.items():
             w, c = time.perf_counter(), time.process_time()
-            request.infer(inputs, share_inputs=True)
+            request.start_async(inputs, share_inputs=True)  # as the runner calls it (no output copy)
+            request.wait()
             wall[name].append(time.perf_counter() - w)
             cpu[name].append(time.process_time() - c)
     skip = 3  # warm-up calls

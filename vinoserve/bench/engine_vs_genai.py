@@ -117,7 +117,8 @@ def vinoserve_runner(model_dir: Path, warm_up, out_len: int, blocks: int, budget
         python_s = step_s - (runner.infer_seconds - infer_s0)
         return dict(seconds=elapsed, tok_s=len(prompts) * out_len / elapsed, steps=steps,
                     step_ms=1e3 * step_s / steps, python_ms=1e3 * python_s / steps,
-                    precision=engine.model.paged.inference_precision, kv=_kv_name(engine.model.paged.layout))
+                    precision=engine.model.paged.inference_precision, kv=_kv_name(engine.model.paged.layout),
+                    fused=engine.model.paged.options.fuse_projections)
 
     return run
 
@@ -202,6 +203,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="for both engines (default: the plugin's choice for this CPU)")
     ap.add_argument("--kv-cache-precision", choices=KV_PRECISIONS, default=None,
                     help="for both engines (default: the plugin's choice for this CPU)")
+    ap.add_argument("--fuse-projections", action=argparse.BooleanOptionalAction, default=None,
+                    help="vinoserve's q/k/v as one MatMul (default: where the CPU plugin does not fuse them itself)")
 
 
 def main(args: argparse.Namespace) -> None:
@@ -227,7 +230,7 @@ def main(args: argparse.Namespace) -> None:
     print(f"model {model_dir.name}: {args.prompts} prompts x ({args.input_len} in, {args.output_len} out), "
           f"max_num_batched_tokens {args.max_num_batched_tokens}, {os.cpu_count()} CPUs")
     precision = CompileOptions(inference_precision=args.inference_precision,
-                               kv_cache_precision=args.kv_cache_precision)
+                               kv_cache_precision=args.kv_cache_precision, fuse_projections=args.fuse_projections)
     runners = {}
     if args.only != "genai":
         runners["vinoserve"] = vinoserve_runner(model_dir, warm_up, args.output_len, blocks,
@@ -245,7 +248,7 @@ def main(args: argparse.Namespace) -> None:
         print(f"vinoserve      {_median(r, 'tok_s'):8.1f} generated tok/s  ({_median(r, 'seconds'):.2f} s, "
               f"{r[0]['steps']} steps, mean step {_median(r, 'step_ms'):.1f} ms, "
               f"Python outside infer {_median(r, 'python_ms'):.2f} ms/step, "
-              f"{r[0]['precision']} inference, {r[0]['kv']} KV)")
+              f"{r[0]['precision']} inference, {r[0]['kv']} KV{', q/k/v fused' if r[0]['fused'] else ''})")
     if "genai" in runs:
         r = runs["genai"]
         print(f"openvino-genai {_median(r, 'tok_s'):8.1f} generated tok/s  ({_median(r, 'seconds'):.2f} s, "
