@@ -103,6 +103,16 @@ def test_greedy_equals_hf_under_chunking_and_staggered_arrivals(tiny, reference)
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
 
 
+def test_only_decoding_steps_price_proposals(tiny):
+    """The step-cost line is fitted to steps where every sequence decodes (its last token plus
+    proposals): prompt chunks, far bigger, would steer its slope and intercept."""
+    engine = _tiny_engine(tiny[1], num_blocks=64)
+    _run_staggered(engine, tiny[2], GREEDY)
+    sizes = set(engine.speculator.cost._seconds)
+    assert len(sizes) >= 3 and max(sizes) <= 8 * (1 + NGRAM.num_speculative_tokens), sizes
+    assert max(PROMPT_LENS) > 8 * (1 + NGRAM.num_speculative_tokens)  # so a prompt step would show
+
+
 def test_preemption_and_aborts_mid_speculation(tiny, reference):
     # 14 blocks of 32 tokens cannot hold every sequence: the newest are preempted and recomputed.
     engine = _tiny_engine(tiny[1], num_blocks=14, budget=48)

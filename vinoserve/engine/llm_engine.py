@@ -222,17 +222,21 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         start = time.perf_counter()
-        outputs, num_tokens = self._step()
+        outputs, decode_tokens = self._step()
         seconds = time.perf_counter() - start
         self.stats.num_steps += 1
         self.stats.step_seconds += seconds
-        if self.speculator is not None and num_tokens:  # the step's own cost, proposals apart
-            self.speculator.cost.observe(num_tokens, seconds - self.speculator.propose_seconds)
+        if self.speculator is not None and decode_tokens:  # the step's own cost, proposals apart
+            self.speculator.cost.observe(decode_tokens, seconds - self.speculator.propose_seconds)
         self.stats.num_generated_tokens += sum(len(o.new_token_ids) for o in outputs)
         return outputs
 
     def _step(self) -> tuple[list[RequestOutput], int]:
-        """This step's outputs, and how many tokens it computed."""
+        """This step's outputs, and how many tokens it computed if every sequence in it was decoding
+        (0 if it carried prompt tokens). Only such steps price a proposal: a line fitted through
+        prompt-sized steps too is steered by them, and its intercept, the fixed cost of a decode
+        step, could fall to nothing and switch speculation off (seen when a faster one-token step
+        moved the line)."""
         if self.speculator is not None:
             self._propose()
         plan = self.scheduler.schedule()
@@ -266,7 +270,8 @@ class LLMEngine:
         for r, _, _ in sampling:
             if r.eviction is not None and not r.seq.status.is_finished:
                 self.evictor.evict_if_full(r.seq, r.eviction)
-        return outputs, plan.num_batched_tokens
+        decoding = all(s.num_tokens == 1 + s.num_drafts for s in plan.scheduled)
+        return outputs, plan.num_batched_tokens if decoding else 0
 
     def _propose(self) -> None:
         """Proposals for the decoding sequences that may speculate (set on the sequences)."""
