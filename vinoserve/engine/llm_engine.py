@@ -226,17 +226,15 @@ class LLMEngine:
         seconds = time.perf_counter() - start
         self.stats.num_steps += 1
         self.stats.step_seconds += seconds
-        if self.speculator is not None and decode_tokens:  # the step's own cost, proposals apart
+        if decode_tokens:  # the step's own cost, proposals apart
             self.speculator.cost.observe(decode_tokens, seconds - self.speculator.propose_seconds)
         self.stats.num_generated_tokens += sum(len(o.new_token_ids) for o in outputs)
         return outputs
 
     def _step(self) -> tuple[list[RequestOutput], int]:
-        """This step's outputs, and how many tokens it computed if every sequence in it was decoding
-        (0 if it carried prompt tokens). Only such steps price a proposal: a line fitted through
-        prompt-sized steps too is steered by them, and its intercept, the fixed cost of a decode
-        step, could fall to nothing and switch speculation off (seen when a faster one-token step
-        moved the line)."""
+        """This step's outputs, and, when speculating, its token count if every sequence in it was
+        decoding (else 0): only those steps price a proposal. Prompt-sized steps steered the fitted
+        line until its intercept fell to nothing, which switched speculation off for good."""
         if self.speculator is not None:
             self._propose()
         plan = self.scheduler.schedule()
@@ -270,7 +268,7 @@ class LLMEngine:
         for r, _, _ in sampling:
             if r.eviction is not None and not r.seq.status.is_finished:
                 self.evictor.evict_if_full(r.seq, r.eviction)
-        decoding = all(s.num_tokens == 1 + s.num_drafts for s in plan.scheduled)
+        decoding = self.speculator is not None and all(s.num_tokens == 1 + s.num_drafts for s in plan.scheduled)
         return outputs, plan.num_batched_tokens if decoding else 0
 
     def _propose(self) -> None:

@@ -114,7 +114,7 @@ def compile_paged(model: ov.Model, config: ModelConfig, options: CompileOptions,
     core = core or ov.Core()
     options = _default_kv_precision(options, core)
     if options.fuse_projections is None:
-        fuse = options.device == "CPU" and projections.wanted(_compute_precision(options, core), core)
+        fuse = options.device == "CPU" and projections.wanted(_compute_precision(options, core))
         options = replace(options, fuse_projections=fuse)
     if options.fuse_projections:
         projections.fuse_projections(model)
