@@ -17,7 +17,7 @@ def _faulty_add(self, token_id: int) -> str:
     return _add(self, token_id)
 
 
-_step = llm_engine.LLMEngine._step
+_step = llm_engine.LLMEngine.step
 
 
 def _faulty_step(self):
@@ -27,7 +27,7 @@ def _faulty_step(self):
 
 
 text_output.TextOutput.add = _faulty_add
-llm_engine.LLMEngine._step = _faulty_step
+llm_engine.LLMEngine.step = _faulty_step
 
 if __name__ == "__main__":
     from vinoserve.cli import main

@@ -135,13 +135,13 @@ def test_offline_n_choices_share_one_prompt_computation(tiny):
     choice = SamplingParams(max_tokens=12, temperature=1.0, seed=7, ignore_eos=True)
     alone = [llm.generate([prompts[1]], replace(choice, seed=7 + j))[0].token_ids for j in range(3)]
     computed = []
-    run = llm.engine.runner.step
+    prepare = llm.engine.runner.prepare
 
-    def counting_step(chunks, rotation=None):
+    def counting_prepare(chunks, rotation=None):
         computed.append(sum(len(c.token_ids) for c in chunks))
-        return run(chunks, rotation)
+        return prepare(chunks, rotation)
 
-    llm.engine.runner.step = counting_step
+    llm.engine.runner.prepare = counting_prepare
     results = llm.generate([prompts[1], prompts[2]], [replace(choice, n=3), GREEDY])
     assert [r.token_ids for r in results[:3]] == alone and len({tuple(t) for t in alone}) == 3
     assert len(results) == 4 and results[3].prompt_token_ids == prompts[2]

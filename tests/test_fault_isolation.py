@@ -90,16 +90,16 @@ def test_a_fault_in_one_request_fails_only_that_request(engine, tiny, reference,
 def test_a_fault_that_breaks_the_engine_fails_everyone_and_reports(engine, tiny, monkeypatch):  # noqa: F811
     _, _, prompts = tiny
     runner = engine.engine.runner
-    step = type(runner).step
+    wait = type(runner).wait
     calls = {"n": 0}
 
-    def broken_step(self, *args, **kwargs):
+    def broken_wait(self, *args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("injected device failure")
-        return step(self, *args, **kwargs)
+        return wait(self, *args, **kwargs)
 
-    monkeypatch.setattr(type(runner), "step", broken_step)
+    monkeypatch.setattr(type(runner), "wait", broken_wait)
 
     async def main():
         return await asyncio.gather(*(_run(engine, p, GREEDY) for p in prompts))

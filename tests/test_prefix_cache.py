@@ -119,13 +119,13 @@ def test_forked_choices_equal_choices_computed_alone_and_share_one_prefill(tiny,
     alone = _run_choices(_engine(path, prefix=False), prompt, params, fork=False)
     engine = _engine(path, prefix=prefix, budget=256)
     computed = []
-    step = engine.runner.step
+    prepare = engine.runner.prepare
 
-    def counting_step(chunks, rotation=None):
+    def counting_prepare(chunks, rotation=None):
         computed.extend(len(c.token_ids) for c in chunks)
-        return step(chunks, rotation)
+        return prepare(chunks, rotation)
 
-    engine.runner.step = counting_step
+    engine.runner.prepare = counting_prepare
     assert _run_choices(engine, prompt, params, fork=True) == alone
     assert len({tuple(c) for c in alone}) == 3, "seeds 5, 6, 7 should give different choices"
     assert sum(computed) == prompt_len + 3 * 9, "the prompt is computed once, then each choice decodes"

@@ -74,7 +74,7 @@ def test_prefix_cache_invariants(reqs, num_blocks, max_seqs, budget, aborts, for
                 assert blocks.allocators[0].ref_count(block) == 1, "writing into a shared block"
                 kv[block][pos % BLOCK] = seq.token_ids(pos, pos + 1)[0]
             seq.num_computed_tokens += s.num_tokens
-        sched.cache_computed([s.seq for s in out.scheduled])
+        sched.cache_computed([(s.seq, s.seq.num_computed_tokens) for s in out.scheduled])
         for s in out.scheduled:
             if s.samples and not s.seq.output_token_ids and s.seq.request_id.count("/") == 0:
                 for k in range(forks):  # n choices: siblings start on this prompt's blocks
@@ -135,7 +135,7 @@ def test_a_prefix_shared_by_simultaneous_arrivals_is_computed_once():
         for s in out.scheduled:
             s.seq.num_computed_tokens += s.num_tokens
             computed += s.num_tokens
-        sched.cache_computed([s.seq for s in out.scheduled])
+        sched.cache_computed([(s.seq, s.seq.num_computed_tokens) for s in out.scheduled])
         for s in out.scheduled:
             if s.samples:
                 s.seq.output_token_ids.append(1)

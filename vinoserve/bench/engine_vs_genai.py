@@ -94,9 +94,9 @@ def random_qwen2_gguf(path: Path, s: dict) -> Path:
 
 
 def vinoserve_runner(model_dir: Path, warm_up, out_len: int, blocks: int, budget: int,
-                     precision: CompileOptions) -> Callable[[list], dict]:
+                     precision: CompileOptions, overlap: bool = True) -> Callable[[list], dict]:
     """Builds and warms vinoserve's engine once; each call of the result is one timed run."""
-    cfg = EngineConfig(model=str(model_dir), num_kv_blocks=blocks, compile=precision,
+    cfg = EngineConfig(model=str(model_dir), num_kv_blocks=blocks, compile=precision, overlap_steps=overlap,
                        scheduler=SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=budget))
     llm = LLM(cfg, log=lambda m: None)
     params = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
@@ -105,6 +105,7 @@ def vinoserve_runner(model_dir: Path, warm_up, out_len: int, blocks: int, budget
 
     def run(prompts: list) -> dict:
         steps0, step_s0, infer_s0 = engine.stats.num_steps, engine.stats.step_seconds, runner.infer_seconds
+        hidden_s0 = engine.stats.overlapped_seconds
         hits0 = _prefix_hits(engine)
         start = time.perf_counter()
         results = llm.generate(prompts, params)
@@ -115,10 +116,11 @@ def vinoserve_runner(model_dir: Path, warm_up, out_len: int, blocks: int, budget
         steps = engine.stats.num_steps - steps0
         step_s = engine.stats.step_seconds - step_s0
         python_s = step_s - (runner.infer_seconds - infer_s0)
+        hidden_s = engine.stats.overlapped_seconds - hidden_s0
         return dict(seconds=elapsed, tok_s=len(prompts) * out_len / elapsed, steps=steps,
-                    step_ms=1e3 * step_s / steps, python_ms=1e3 * python_s / steps,
+                    step_ms=1e3 * step_s / steps, python_ms=1e3 * python_s / steps, hidden_ms=1e3 * hidden_s / steps,
                     precision=engine.model.paged.inference_precision, kv=_kv_name(engine.model.paged.layout),
-                    fused=engine.model.paged.options.fuse_projections)
+                    fused=engine.model.paged.options.fuse_projections, overlap=overlap)
 
     return run
 
@@ -205,6 +207,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="for both engines (default: the plugin's choice for this CPU)")
     ap.add_argument("--fuse-projections", action=argparse.BooleanOptionalAction, default=None,
                     help="vinoserve's q/k/v as one MatMul (default: where the CPU plugin does not fuse them itself)")
+    ap.add_argument("--overlap-steps", action=argparse.BooleanOptionalAction, default=True,
+                    help="vinoserve sets up each step while the one before computes (default: on)")
 
 
 def main(args: argparse.Namespace) -> None:
@@ -234,7 +238,7 @@ def main(args: argparse.Namespace) -> None:
     runners = {}
     if args.only != "genai":
         runners["vinoserve"] = vinoserve_runner(model_dir, warm_up, args.output_len, blocks,
-                                                args.max_num_batched_tokens, precision)
+                                                args.max_num_batched_tokens, precision, args.overlap_steps)
     if args.only != "vinoserve":
         runners["genai"] = genai_runner(model_dir, warm_up, args.output_len, blocks, args.max_num_batched_tokens,
                                         precision)
@@ -245,9 +249,11 @@ def main(args: argparse.Namespace) -> None:
             runs[name].append(run(prompts))
     if "vinoserve" in runs:
         r = runs["vinoserve"]
+        hidden = f" ({_median(r, 'hidden_ms'):.2f} of it while a step computes)" if r[0]["overlap"] else ""
         print(f"vinoserve      {_median(r, 'tok_s'):8.1f} generated tok/s  ({_median(r, 'seconds'):.2f} s, "
               f"{r[0]['steps']} steps, mean step {_median(r, 'step_ms'):.1f} ms, "
-              f"Python outside infer {_median(r, 'python_ms'):.2f} ms/step, "
+              f"Python outside infer {_median(r, 'python_ms'):.2f} ms/step"
+              f"{hidden}, "
               f"{r[0]['precision']} inference, {r[0]['kv']} KV{', q/k/v fused' if r[0]['fused'] else ''})")
     if "genai" in runs:
         r = runs["genai"]

@@ -15,7 +15,7 @@ from vinoserve.cache.prefix_cache import salt_hash
 from vinoserve.engine.draft_proposer import DraftModelProposer
 from vinoserve.engine.evictor import Evictor, SequenceEviction
 from vinoserve.engine.memory import available_memory_bytes
-from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
+from vinoserve.engine.model_runner import ModelRunner, PreparedStep, ScheduledChunk
 from vinoserve.engine.outputs import RequestMetrics, RequestOutput
 from vinoserve.engine.prompt_logprobs import PromptLogprobs
 from vinoserve.engine.speculative import SpeculativeConfig, Speculator
@@ -26,7 +26,7 @@ from vinoserve.model.paged import CompileOptions
 from vinoserve.scheduler.grammar import GrammarCompiler
 from vinoserve.scheduler.sampler import Sampler, SamplingState
 from vinoserve.scheduler.sampling_params import SamplingParams
-from vinoserve.scheduler.scheduler import Scheduler, SchedulerConfig, ScheduledSequence
+from vinoserve.scheduler.scheduler import Scheduler, SchedulerConfig, ScheduledSequence, SchedulerOutput
 from vinoserve.scheduler.sequence import Sequence, SequenceStatus
 
 _log = logging.getLogger(__name__)
@@ -50,6 +50,9 @@ class EngineConfig:
     # (evicted and rotated blocks no longer match a token prefix); None: on where it can be.
     enable_prefix_caching: bool | None = None
     speculative: SpeculativeConfig | None = None  # None: one token per sequence per step
+    # Plan and set up step N+1 while step N computes, so that only sampling stays between two
+    # steps. Speculation and cache eviction run one step at a time whatever this says.
+    overlap_steps: bool = True
 
     @property
     def prefix_caching(self) -> bool:
@@ -71,7 +74,20 @@ class EngineConfig:
 class StepStats:
     num_steps: int = 0
     step_seconds: float = 0.0  # whole steps: scheduling, packing, infer, sampling, outputs
+    overlapped_seconds: float = 0.0  # of which host work done while a step computed (overlapped steps)
     num_generated_tokens: int = 0
+
+
+@dataclass(eq=False)
+class _Launch:
+    """A step set up on the runner (and, once started, computing)."""
+
+    plan: SchedulerOutput
+    reqs: list[_Request]
+    chunks: list[ScheduledChunk]
+    prepared: PreparedStep
+    waiting_on: list[Sequence]  # whose last input token the step before it is still sampling
+    computed: list[tuple[Sequence, int]] = field(default_factory=list)  # each one's computed tokens once it ran
 
 
 @dataclass(eq=False)
@@ -118,6 +134,8 @@ class LLMEngine:
         self._requests: dict[str, _Request] = {}
         self._forks: dict[str, list[_Request]] = {}  # a request id -> choices waiting for its prompt
         self.stats = StepStats()
+        self._overlap = config.overlap_steps and self.speculator is None and self.evictor is None
+        self._flight: _Launch | None = None  # the step computing between two calls of step()
         log(f"KV cache: {num_blocks} blocks of {paged.block_size} tokens, {self.cache.nbytes / 2**30:.2f} GiB "
             f"({paged.layout.key_type.get_type_name()} keys, {paged.layout.value_type.get_type_name()} values)")
 
@@ -222,7 +240,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         start = time.perf_counter()
-        outputs, decode_tokens = self._step()
+        outputs, decode_tokens = (self._overlapped_step(), 0) if self._overlap else self._step()
         seconds = time.perf_counter() - start
         self.stats.num_steps += 1
         self.stats.step_seconds += seconds
@@ -254,9 +272,10 @@ class LLMEngine:
             # Proposals count as computed only once verified (see _sample_and_verify).
             s.seq.num_computed_tokens += s.num_tokens - s.num_drafts
             r.metrics.first_scheduled_time = r.metrics.first_scheduled_time or now
-        self.scheduler.cache_computed([s.seq for s in plan.scheduled])
+        computed = [(s.seq, s.seq.num_computed_tokens) for s in plan.scheduled]
+        self.scheduler.cache_computed(computed)
         if any(r.prompt_logprobs is not None for r in reqs):
-            self._collect_prompt_logprobs(plan.scheduled, reqs, chunks, result.logits)
+            self._collect_prompt_logprobs(computed, reqs, chunks, result.logits)
         # Each sampling chunk's rows end with its own row and one per proposal; the first of
         # those is sampled first.
         ends = np.cumsum([c.num_logits for c in chunks])
@@ -270,6 +289,67 @@ class LLMEngine:
                 self.evictor.evict_if_full(r.seq, r.eviction)
         decoding = self.speculator is not None and all(s.num_tokens == 1 + s.num_drafts for s in plan.scheduled)
         return outputs, plan.num_batched_tokens if decoding else 0
+
+    def _overlapped_step(self) -> list[RequestOutput]:
+        """Finishes the step in flight, with the next one planned and set up while it computed
+        and started as soon as its tokens are sampled; the outputs are built while the next one
+        computes. A sequence that ends (EOS, stop string, abort) was already planned into the next
+        step: that work is dropped (its blocks are free again only for steps after it)."""
+        if self._flight is None:
+            self._flight = self._prepare()
+            if self._flight is None:
+                return []
+            self._launch(self._flight, {})
+        flight = self._flight
+        begin = time.perf_counter()
+        # Choices waiting to fork must take the parent's blocks before it moves on: one step at a time.
+        ahead = self._prepare() if not self._forks else None
+        self.stats.overlapped_seconds += time.perf_counter() - begin
+        result = self.runner.wait(flight.prepared)
+        self.scheduler.cache_computed(flight.computed)
+        live = [not r.seq.status.is_finished for r in flight.reqs]
+        if any(r.prompt_logprobs is not None for r in flight.reqs):
+            self._collect_prompt_logprobs(flight.computed, flight.reqs, flight.chunks, result.logits)
+        ends = np.cumsum([c.num_logits for c in flight.chunks])
+        sampling = [(r, int(end) - 1, 0) for s, r, end, ok in zip(flight.plan.scheduled, flight.reqs, ends, live)
+                    if s.samples and ok]
+        sampling = self._fork_choices(sampling, time.monotonic())
+        reqs, idx = [r for r, _, _ in sampling], [row for _, row, _ in sampling]
+        rows = result.rows if idx == list(range(len(result.rows))) else result.rows[idx]  # no copy when it can
+        picks = self._sample(rows, reqs) if sampling else []
+        self._flight = ahead
+        if ahead is not None:
+            tokens = {r.seq: pick[0] for r, pick in zip(reqs, picks) if not isinstance(pick, Exception)}
+            self._launch(ahead, tokens)
+        begin = time.perf_counter()
+        outputs = [self._fail(r, pick) if isinstance(pick, Exception) else self._append_or_fail(r, *pick)
+                   for r, pick in zip(reqs, picks)]
+        if ahead is not None:
+            self.stats.overlapped_seconds += time.perf_counter() - begin
+        return outputs
+
+    def _prepare(self) -> _Launch | None:
+        """The next step, planned and set on the runner's idle request (None: nothing to run)."""
+        plan = self.scheduler.schedule()
+        if not plan.scheduled:
+            return None
+        reqs = [self._requests[s.seq.request_id] for s in plan.scheduled]
+        chunks = [self._chunk(s, r) for s, r in zip(plan.scheduled, reqs)]
+        waiting_on = [s.seq for s, c in zip(plan.scheduled, chunks) if c.token_ids[-1] < 0]
+        return _Launch(plan, reqs, chunks, self.runner.prepare(chunks), waiting_on)
+
+    def _launch(self, launch: _Launch, tokens: dict[Sequence, int]) -> None:
+        """Starts a prepared step, its placeholders filled from `tokens` (a sequence that got no
+        token has ended; its row computes anything), and books its tokens as computed."""
+        if launch.plan.copies:
+            self.cache.copy_blocks(launch.plan.copies)
+        self.runner.start(launch.prepared, [tokens.get(seq, 0) for seq in launch.waiting_on])
+        now = time.monotonic()
+        for s, r in zip(launch.plan.scheduled, launch.reqs):
+            s.seq.num_computed_tokens += s.num_tokens
+            s.seq.num_pending_tokens += s.samples
+            launch.computed.append((s.seq, s.seq.num_computed_tokens))
+            r.metrics.first_scheduled_time = r.metrics.first_scheduled_time or now
 
     def _propose(self) -> None:
         """Proposals for the decoding sequences that may speculate (set on the sequences)."""
@@ -331,19 +411,23 @@ class LLMEngine:
         wanted = 1 + s.num_drafts if s.samples else 0
         if req.prompt_logprobs is not None:
             wanted = req.prompt_logprobs.logits_wanted(start, s.num_tokens, s.samples)
-        tokens = seq.token_ids(start, start + s.num_tokens - s.num_drafts)
+        end = start + s.num_tokens - s.num_drafts
+        tokens = seq.token_ids(start, end)
+        if len(tokens) < end - start:  # its last is being sampled by the step in flight: filled in at launch
+            tokens = tokens + [-1]
         if s.num_drafts:
             tokens = tokens + seq.draft_token_ids
         return ScheduledChunk(tokens, seq.num_cached_tokens, seq.block_tables, wanted, first_position,
                               Evictor.score_window(ev, s.samples, s.num_tokens))
 
     @staticmethod
-    def _collect_prompt_logprobs(scheduled: list[ScheduledSequence], reqs: list[_Request],
+    def _collect_prompt_logprobs(computed: list[tuple[Sequence, int]], reqs: list[_Request],
                                  chunks: list[ScheduledChunk], logits: list[np.ndarray]) -> None:
-        """Hand prompt-scoring chunks' rows to their requests."""
-        for s, r, chunk, rows in zip(scheduled, reqs, chunks, logits):
+        """Hand prompt-scoring chunks' rows to their requests, given each sequence's computed
+        tokens once the step ran."""
+        for (_, num_computed), r, chunk, rows in zip(computed, reqs, chunks, logits):
             if r.prompt_logprobs is not None:
-                r.prompt_logprobs.add(s.seq.num_computed_tokens - len(chunk.token_ids), rows)
+                r.prompt_logprobs.add(num_computed - len(chunk.token_ids), rows)
 
     @staticmethod
     def _collect_scores(chunks: list[ScheduledChunk], reqs: list[_Request], scores: list[np.ndarray]) -> None:
@@ -393,6 +477,8 @@ class LLMEngine:
         seq, params = req.seq, req.seq.params
         if req.sampling.grammar is not None:  # here, not in the sampler: a batch sampled again after
             req.sampling.grammar.accept(token)  # a fault must not advance a matcher twice
+        if seq.num_pending_tokens:  # the token its launch counted in
+            seq.num_pending_tokens -= 1
         seq.output_token_ids.append(token)
         req.metrics.first_token_time = req.metrics.first_token_time or time.monotonic()
         reason = None
@@ -402,7 +488,8 @@ class LLMEngine:
             text = req.text.add(token)
             if req.text.stopped:
                 reason = "stop"
-        if reason is None and (len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_context):
+        known = len(seq.prompt_token_ids) + len(seq.output_token_ids)  # num_tokens counts a next step's pending one
+        if reason is None and (len(seq.output_token_ids) >= params.max_tokens or known >= self.max_context):
             reason = "length"
         if reason is not None:
             text += req.text.flush()

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import openvino as ov
 
 from vinoserve.cache.kv_cache import KVCache
 from vinoserve.model.paged import SAMPLED_INDICES, PagedModel
@@ -27,7 +28,7 @@ class ScheduledChunk:
 @dataclass(frozen=True)
 class StepResult:
     # [sum of num_logits, vocab] float32: every chunk's logits, in chunk order. A view of the
-    # request's output tensor, valid until the next step() (which overwrites it): copy what must last.
+    # request's output tensor, valid until that request runs again (two steps on): copy what must last.
     rows: np.ndarray
     logits: list[np.ndarray]  # per chunk [num_logits, vocab]: views into `rows`
     scores: list[np.ndarray] | None  # per layer, flat over chunks of (past + new); None without eviction
@@ -42,21 +43,44 @@ class KernelRotation:
     deltas: list[np.ndarray]  # per layer [R, 1] int32
 
 
+@dataclass
+class PreparedStep:
+    """A step's inputs, set on an idle infer request; started by ModelRunner.start."""
+
+    request: ov.InferRequest
+    inputs: dict[str, np.ndarray]  # kept alive: the request reads these arrays in place
+    placeholders: np.ndarray  # rows of input_ids whose token the previous step is still sampling
+    num_logits: list[int]
+
+
 class ModelRunner:
+    """Runs steps on two infer requests in turn, so that the next step's inputs can be set on one
+    while the other computes (see LLMEngine's overlapped step loop)."""
+
     def __init__(self, model: PagedModel, cache: KVCache) -> None:
         self.model = model
         self.cache = cache
-        self.request = model.compiled.create_infer_request()
-        for layer, (k, v) in enumerate(zip(cache.keys, cache.values)):
-            self.request.set_tensor(f"key_cache.{layer}", k)
-            self.request.set_tensor(f"value_cache.{layer}", v)
+        self._infer_requests = [model.compiled.create_infer_request() for _ in range(2)]
+        for request in self._infer_requests:
+            for layer, (k, v) in enumerate(zip(cache.keys, cache.values)):
+                request.set_tensor(f"key_cache.{layer}", k)
+                request.set_tensor(f"value_cache.{layer}", v)
+        self._turn = 0
         self._num_layers = model.config.num_layers
         self._has_scores = model.options.score_outputs
         self._has_rotation = model.options.cache_rotation
         self._per_layer_tables = model.options.per_layer_block_tables
-        self.infer_seconds = 0.0  # inside OpenVINO; the rest of a step is our Python
+        self.infer_seconds = 0.0  # blocked on OpenVINO (starting, waiting); the rest of a step is our Python
 
     def step(self, chunks: Sequence[ScheduledChunk], rotation: KernelRotation | None = None) -> StepResult:
+        """One step, start to finish."""
+        prepared = self.prepare(chunks, rotation)
+        self.start(prepared)
+        return self.wait(prepared)
+
+    def prepare(self, chunks: Sequence[ScheduledChunk], rotation: KernelRotation | None = None) -> PreparedStep:
+        """Sets a step's inputs on the idle request. A token id of -1 is a placeholder that
+        start() fills in. Call while the other request may still be computing."""
         # Built with one numpy call per input, not one per chunk: at 64 sequences the per-chunk
         # aranges and concatenations were most of the Python in a decode step.
         n = len(chunks)
@@ -88,23 +112,38 @@ class ModelRunner:
         if self._has_rotation:
             self._rotation_inputs(rotation, inputs)
 
-        start = time.perf_counter()
-        # Not infer(): it returns a copy of every output (the whole logits tensor), 0.23 ms of a
-        # 17 ms one-sequence decode step on Zen 4 and 0.7 ms at 64 sequences; we read the tensor below.
-        self.request.start_async(inputs, share_inputs=True)
-        self.request.wait()
-        self.infer_seconds += time.perf_counter() - start
+        request = self._infer_requests[self._turn]
+        self._turn ^= 1
+        # Tensors over our arrays, set in one call: the binding's per-input dispatch (a tensor lookup
+        # and type checks per array) cost 0.2 ms of a 17 ms one-sequence step on Zen 4.
+        request.set_tensors({name: ov.Tensor(array, shared_memory=True) for name, array in inputs.items()})
+        ids = inputs["input_ids"]
+        return PreparedStep(request, inputs, np.flatnonzero(ids < 0), [c.num_logits for c in chunks])
 
-        # No copy: every use of the logits ends before the next infer, and copying them was a third of
-        # this method's host time at 64 sequences (12.6 MB per step for a 49k vocabulary).
-        rows = self.request.get_tensor("logits").data.reshape(-1, self.model.config.vocab_size)[:len(sampled)]
+    def start(self, step: PreparedStep, fill: Sequence[int] = ()) -> None:
+        """Starts the step, with `fill` (in order) for its placeholder tokens; returns at once."""
+        if len(step.placeholders):
+            step.inputs["input_ids"][step.placeholders] = fill
+        begin = time.perf_counter()
+        # Not infer(): it returns a copy of every output (the whole logits tensor); wait() reads it in place.
+        step.request.start_async()
+        self.infer_seconds += time.perf_counter() - begin
+
+    def wait(self, step: PreparedStep) -> StepResult:
+        begin = time.perf_counter()
+        step.request.wait()
+        self.infer_seconds += time.perf_counter() - begin
+        # No copy: every use of the logits ends before this request runs again, and copying them was
+        # a third of the runner's host time at 64 sequences (12.6 MB per step for a 49k vocabulary).
+        num_rows = sum(step.num_logits)
+        rows = step.request.get_tensor("logits").data.reshape(-1, self.model.config.vocab_size)[:num_rows]
         out, row = [], 0
-        for c in chunks:
-            out.append(rows[row:row + c.num_logits])
-            row += c.num_logits
+        for n in step.num_logits:
+            out.append(rows[row:row + n])
+            row += n
         scores = None
         if self._has_scores:
-            scores = [np.array(self.request.get_tensor(f"scores.{i}").data) for i in range(self._num_layers)]
+            scores = [np.array(step.request.get_tensor(f"scores.{i}").data) for i in range(self._num_layers)]
         return StepResult(rows, out, scores)
 
     def _block_inputs(self, chunks: Sequence[ScheduledChunk], inputs: dict) -> None:

@@ -66,6 +66,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget and len(out.scheduled) < self.config.max_num_seqs:
             seq = self.running[i]
+            if seq.ends_with_pending:  # finishes once the step in flight samples it
+                i += 1
+                continue
             n = min(seq.num_uncomputed_tokens, budget)
             drafts = self._fit_drafts(seq, n, budget)
             if not self._make_room(seq, n + drafts, out):
@@ -154,15 +157,16 @@ class Scheduler:
             pending |= self._uncomputed_hashes(seq)
         return pending
 
-    def cache_computed(self, seqs: list[Sequence]) -> None:
-        """Register the blocks these sequences' last step filled (call after the step ran)."""
+    def cache_computed(self, computed: list[tuple[Sequence, int]]) -> None:
+        """Register the blocks a step filled, given each sequence's computed tokens once it ran
+        (call after it ran; with a next step in flight, num_computed_tokens is already past it)."""
         prefix = self.blocks.prefix
         if prefix is None:
             return
-        for seq in seqs:
-            full = seq.num_computed_tokens // self.blocks.block_size
-            if full <= seq.num_registered_blocks:
-                continue
+        for seq, num_computed in computed:
+            full = num_computed // self.blocks.block_size
+            if full <= seq.num_registered_blocks or seq.status is not SequenceStatus.RUNNING:
+                continue  # nothing new, or its blocks went back since (preempted, finished)
             prefix.extend_hashes(seq.block_hashes, seq.token_ids, full)
             table = seq.block_tables[0]
             for i in range(seq.num_registered_blocks, full):
@@ -187,6 +191,7 @@ class Scheduler:
         child.block_hashes = list(parent.block_hashes)
         child.num_registered_blocks = parent.num_registered_blocks
         child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
+        child.num_pending_tokens = parent.num_pending_tokens  # its first token is sampled with the parent's
         child.status = SequenceStatus.RUNNING
         self.running.append(child)
 

@@ -42,10 +42,18 @@ class Sequence:
     # Speculative decoding: tokens proposed to follow the last one, verified by the next step
     # (never part of output_token_ids until the model agrees with them).
     draft_token_ids: list[int] = field(default_factory=list)
+    # Overlapped steps: the token a step in flight will sample for it, counted in num_tokens (the
+    # next step is planned with it) before it is known and appended to output_token_ids.
+    num_pending_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_pending_tokens
+
+    @property
+    def ends_with_pending(self) -> bool:
+        """The token being sampled for it is its last (max_tokens): nothing more to compute."""
+        return self.num_pending_tokens > 0 and len(self.output_token_ids) + self.num_pending_tokens >= self.params.max_tokens
 
     @property
     def num_cached_tokens(self) -> int:
@@ -60,6 +68,7 @@ class Sequence:
         return self.num_uncomputed_tokens == 1 and self.num_computed_tokens >= len(self.prompt_token_ids)
 
     def token_ids(self, start: int, stop: int) -> list[int]:
+        """Known tokens in [start, stop): a pending one is not there yet."""
         n = len(self.prompt_token_ids)
         if stop <= n:
             return self.prompt_token_ids[start:stop]
