@@ -53,7 +53,8 @@ class Sequence:
     @property
     def ends_with_pending(self) -> bool:
         """The token being sampled for it is its last (max_tokens): nothing more to compute."""
-        return self.num_pending_tokens > 0 and len(self.output_token_ids) + self.num_pending_tokens >= self.params.max_tokens
+        done = len(self.output_token_ids) + self.num_pending_tokens
+        return self.num_pending_tokens > 0 and done >= self.params.max_tokens
 
     @property
     def num_cached_tokens(self) -> int:
