@@ -36,6 +36,9 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
                    help="do not re-rotate the keys of blocks that move after an eviction")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="reuse the KV of prompt prefixes already computed (default: on, off with --cache-eviction)")
+    p.add_argument("--overlap-steps", action=argparse.BooleanOptionalAction, default=True,
+                   help="set up each engine step while the one before computes, so only sampling stays "
+                        "between two steps (default: on; speculation and cache eviction run one at a time)")
     p.add_argument("--speculative-config", type=_json_object, default=None, metavar="JSON",
                    help='speculative decoding, as vLLM names it: \'{"method": "ngram", "num_speculative_tokens": 4, '
                         '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\' (prompt lookup) or \'{"method": '
@@ -128,7 +131,7 @@ def _engine_config(args: argparse.Namespace):
         model=args.model, weight_format=args.weight_format,
         compile=CompileOptions(args.device, args.inference_precision, args.kv_cache_precision, args.threads),
         scheduler=scheduler, kv_cache_size_gb=args.kv_cache_size, cache_eviction=eviction,
-        enable_prefix_caching=args.enable_prefix_caching,
+        enable_prefix_caching=args.enable_prefix_caching, overlap_steps=args.overlap_steps,
         speculative=SpeculativeConfig.parse(args.speculative_config) if args.speculative_config else None,
     )
     _ = config.prefix_caching  # a ValueError now, not once the server is up, for flags that conflict
