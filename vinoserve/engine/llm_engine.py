@@ -314,9 +314,8 @@ class LLMEngine:
         sampling = [(r, int(end) - 1, 0) for s, r, end, ok in zip(flight.plan.scheduled, flight.reqs, ends, live)
                     if s.samples and ok]
         sampling = self._fork_choices(sampling, time.monotonic())
-        reqs, idx = [r for r, _, _ in sampling], [row for _, row, _ in sampling]
-        rows = result.rows if idx == list(range(len(result.rows))) else result.rows[idx]  # no copy when it can
-        picks = self._sample(rows, reqs) if sampling else []
+        reqs = [r for r, _, _ in sampling]
+        picks = self._sample(_rows(result.rows, np.array([row for _, row, _ in sampling])), reqs) if sampling else []
         self._flight = ahead
         if ahead is not None:
             tokens = {r.seq: pick[0] for r, pick in zip(reqs, picks) if not isinstance(pick, Exception)}
@@ -372,7 +371,7 @@ class LLMEngine:
         alive, j = list(range(len(reqs))), 0
         while alive:
             idx = first[alive] + j
-            batch = rows if len(idx) == len(rows) and (idx == np.arange(len(rows))).all() else rows[idx]
+            batch = _rows(rows, idx)
             picks = self._sample(batch, [reqs[i] for i in alive])
             verifying = []
             for i, pick in zip(alive, picks):
@@ -488,8 +487,8 @@ class LLMEngine:
             text = req.text.add(token)
             if req.text.stopped:
                 reason = "stop"
-        known = len(seq.prompt_token_ids) + len(seq.output_token_ids)  # num_tokens counts a next step's pending one
-        if reason is None and (len(seq.output_token_ids) >= params.max_tokens or known >= self.max_context):
+        # check_request keeps prompt + max_tokens within the context, so max_tokens is the only length limit.
+        if reason is None and len(seq.output_token_ids) >= params.max_tokens:
             reason = "length"
         if reason is not None:
             text += req.text.flush()
@@ -508,3 +507,8 @@ class LLMEngine:
                              finished=seq.status.is_finished, finish_reason=seq.finish_reason,
                              num_output_tokens=len(seq.output_token_ids), new_logprobs=logprobs,
                              metrics=req.metrics, num_cached_tokens=seq.num_cached_prompt_tokens)
+
+
+def _rows(rows: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """rows[idx], without the copy (12.6 MB at 64 x 49k) when idx takes every row in order."""
+    return rows if len(idx) == len(rows) and (idx == np.arange(len(rows))).all() else rows[idx]
