@@ -116,3 +116,31 @@ def test_the_next_step_is_set_up_while_one_computes(tiny):
     # the sixth token ends the request, so no step is planned after its last
     assert calls == ["prepare", "start"] + ["prepare", "wait", "start"] * 5 + ["wait"]
     assert engine.blocks.num_free_blocks == 64
+
+
+def test_a_prompt_shares_the_blocks_of_a_step_still_computing(tiny):
+    """A request planned while the step holding its prefix computes reuses those blocks: they are
+    registered at launch, and the step that reads them runs after it."""
+    path, prompts = tiny
+    head = prompts[6][:96]  # two 48-token chunks of the first prompt
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    engine = _engine(path, True, 64)
+    block = engine.blocks.block_size
+    engine.add_request("a", prompts[6], params)
+    assert engine.step() == []  # the first chunk ran; the second is in flight
+    engine.add_request("b", head + prompts[0], params)
+    b = engine.scheduler.waiting[0]
+    got = {}
+    while engine.has_unfinished_requests:
+        for out in engine.step():
+            got.setdefault(out.request_id, []).extend(out.new_token_ids)
+    assert b.num_cached_prompt_tokens == 96 // block * block
+    reference = _engine(path, False, 64, prefix=False)
+    for rid, prompt in (("a", prompts[6]), ("b", head + prompts[0])):
+        reference.add_request(rid, prompt, params)
+    want = {}
+    while reference.has_unfinished_requests:
+        for out in reference.step():
+            want.setdefault(out.request_id, []).extend(out.new_token_ids)
+    assert got == want
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks

@@ -1,6 +1,7 @@
 """Automatic prefix caching: full KV blocks keyed by a hash chained over every token before them.
 
-A block is registered only after the step that computed it, so a hit is always computed KV. A
+A block is registered once the step that computes it is launched: steps run one after another, so
+any step that reads a hit runs after its KV is written. A
 hit checks the block's own tokens and its parent's hash, so a hash collision costs a miss, never
 a wrong answer. Cached blocks of finished sequences stay in the allocator's least-recently-freed
 queue and are overwritten only when no plain free block is left; the allocator tells us then.

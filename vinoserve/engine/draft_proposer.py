@@ -46,7 +46,7 @@ class DraftModelProposer:
         self.model = draft
         self.cache = KVCache(paged.layout, draft.config.num_layers, num_blocks)
         self.blocks = BlockManager(num_blocks, paged.block_size)
-        self.runner = ModelRunner(paged, self.cache)
+        self.runner = ModelRunner(paged, self.cache, num_requests=1)  # one step at a time
         self.max_step_tokens = max(1, max_step_tokens)
         self.eos_token_ids = frozenset(eos_token_ids)
         self._states: dict[Sequence, _DraftState] = {}

@@ -120,7 +120,9 @@ class LLMEngine:
             self.evictor = Evictor(config.cache_eviction, self.model.config, self.blocks, self.cache,
                                    in_kernel=options.cache_rotation)
         self.scheduler = Scheduler(config.scheduler, self.blocks)
-        self.runner = ModelRunner(paged, self.cache)
+        # Speculation and eviction change a step's inputs after it ran: those run one step at a time.
+        self._overlap = config.overlap_steps and config.speculative is None and not evicting
+        self.runner = ModelRunner(paged, self.cache, num_requests=2 if self._overlap else 1)
         self.sampler = Sampler()
         self.eos_token_ids = tuple(dict.fromkeys([*self.model.config.eos_token_ids, *self.tokenizer.eos_token_ids]))
         spec = config.speculative
@@ -134,7 +136,6 @@ class LLMEngine:
         self._requests: dict[str, _Request] = {}
         self._forks: dict[str, list[_Request]] = {}  # a request id -> choices waiting for its prompt
         self.stats = StepStats()
-        self._overlap = config.overlap_steps and self.speculator is None and self.evictor is None
         self._flight: _Launch | None = None  # the step computing between two calls of step()
         log(f"KV cache: {num_blocks} blocks of {paged.block_size} tokens, {self.cache.nbytes / 2**30:.2f} GiB "
             f"({paged.layout.key_type.get_type_name()} keys, {paged.layout.value_type.get_type_name()} values)")
@@ -300,13 +301,13 @@ class LLMEngine:
             if self._flight is None:
                 return []
             self._launch(self._flight, {})
+            self.scheduler.cache_computed(self._flight.computed)
         flight = self._flight
         begin = time.perf_counter()
         # Choices waiting to fork must take the parent's blocks before it moves on: one step at a time.
         ahead = self._prepare() if not self._forks else None
         self.stats.overlapped_seconds += time.perf_counter() - begin
         result = self.runner.wait(flight.prepared)
-        self.scheduler.cache_computed(flight.computed)
         live = [not r.seq.status.is_finished for r in flight.reqs]
         if any(r.prompt_logprobs is not None for r in flight.reqs):
             self._collect_prompt_logprobs(flight.computed, flight.reqs, flight.chunks, result.logits)
@@ -324,6 +325,9 @@ class LLMEngine:
         outputs = [self._fail(r, pick) if isinstance(pick, Exception) else self._append_or_fail(r, *pick)
                    for r, pick in zip(reqs, picks)]
         if ahead is not None:
+            # Its blocks are shared from now on (a request planned while it computes runs after
+            # it); only now are the tokens it was launched with, just appended, all known.
+            self.scheduler.cache_computed(ahead.computed)
             self.stats.overlapped_seconds += time.perf_counter() - begin
         return outputs
 

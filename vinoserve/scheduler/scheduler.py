@@ -158,13 +158,15 @@ class Scheduler:
         return pending
 
     def cache_computed(self, computed: list[tuple[Sequence, int]]) -> None:
-        """Register the blocks a step filled, given each sequence's computed tokens once it ran
-        (call after it ran; with a next step in flight, num_computed_tokens is already past it)."""
+        """Register the blocks a step fills, given each sequence's computed tokens once it has run
+        (a later step may have moved num_computed_tokens past it). Call any time after it is
+        launched: a step that reads them runs after it. A block whose last token is still being
+        sampled is left for a later call."""
         prefix = self.blocks.prefix
         if prefix is None:
             return
         for seq, num_computed in computed:
-            full = num_computed // self.blocks.block_size
+            full = min(num_computed, seq.num_tokens - seq.num_pending_tokens) // self.blocks.block_size
             if full <= seq.num_registered_blocks or seq.status is not SequenceStatus.RUNNING:
                 continue  # nothing new, or its blocks went back since (preempted, finished)
             prefix.extend_hashes(seq.block_hashes, seq.token_ids, full)
