@@ -48,9 +48,37 @@ class PreparedStep:
     """A step's inputs, set on an idle infer request; started by ModelRunner.start."""
 
     request: ov.InferRequest
-    inputs: dict[str, np.ndarray]  # kept alive: the request reads these arrays in place
+    inputs: dict[str, np.ndarray]  # what the request reads: views of its buffers until it is prepared again
     placeholders: np.ndarray  # rows of input_ids whose token the previous step is still sampling
     num_logits: list[int]
+
+
+class _InputTensors:
+    """One request's inputs: a tensor per input over a buffer of ours, set on the request once and
+    reshaped in place each step. Setting new tensors every step cost 0.4 ms of a 16-sequence step on
+    Zen 4 (run while the other request computes, on the cores it computes on)."""
+
+    def __init__(self, request: ov.InferRequest) -> None:
+        self.request = request
+        self._buffers: dict[str, np.ndarray] = {}
+        self._tensors: dict[str, ov.Tensor] = {}
+
+    def write(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Copies each array into its input's tensor; returns the views the request reads."""
+        views = {}
+        for name, array in inputs.items():
+            buffer = self._buffers.get(name)
+            if buffer is None or buffer.size < array.size:  # grown by doubling, so rarely
+                buffer = np.empty(max(array.size, 2 * (0 if buffer is None else buffer.size), 1), array.dtype)
+                tensor = ov.Tensor(buffer, shared_memory=True)  # the buffer's owner is this object
+                tensor.shape = list(array.shape)
+                self.request.set_tensor(name, tensor)
+                self._buffers[name], self._tensors[name] = buffer, tensor
+            else:
+                self._tensors[name].shape = list(array.shape)
+            views[name] = buffer[:array.size].reshape(array.shape)
+            views[name][...] = array
+        return views
 
 
 class ModelRunner:
@@ -65,6 +93,7 @@ class ModelRunner:
             for layer, (k, v) in enumerate(zip(cache.keys, cache.values)):
                 request.set_tensor(f"key_cache.{layer}", k)
                 request.set_tensor(f"value_cache.{layer}", v)
+        self._inputs = [_InputTensors(request) for request in self._infer_requests]
         self._turn = 0
         self._num_layers = model.config.num_layers
         self._has_scores = model.options.score_outputs
@@ -112,13 +141,11 @@ class ModelRunner:
         if self._has_rotation:
             self._rotation_inputs(rotation, inputs)
 
-        request = self._infer_requests[self._turn]
-        self._turn = (self._turn + 1) % len(self._infer_requests)
-        # Tensors over our arrays, set in one call: the binding's per-input dispatch (a tensor lookup
-        # and type checks per array) cost 0.2 ms of a 17 ms one-sequence step on Zen 4.
-        request.set_tensors({name: ov.Tensor(array, shared_memory=True) for name, array in inputs.items()})
+        bound = self._inputs[self._turn]
+        self._turn = (self._turn + 1) % len(self._inputs)
+        inputs = bound.write(inputs)
         ids = inputs["input_ids"]
-        return PreparedStep(request, inputs, np.flatnonzero(ids < 0), [c.num_logits for c in chunks])
+        return PreparedStep(bound.request, inputs, np.flatnonzero(ids < 0), [c.num_logits for c in chunks])
 
     def start(self, step: PreparedStep, fill: Sequence[int] = ()) -> None:
         """Starts the step, with `fill` (in order) for its placeholder tokens; returns at once."""
