@@ -30,8 +30,14 @@ class StepResult:
     # [sum of num_logits, vocab] float32: every chunk's logits, in chunk order. A view of the
     # request's output tensor, valid until that request runs again (two steps on): copy what must last.
     rows: np.ndarray
-    logits: list[np.ndarray]  # per chunk [num_logits, vocab]: views into `rows`
+    num_logits: list[int]  # rows per chunk
     scores: list[np.ndarray] | None  # per layer, flat over chunks of (past + new); None without eviction
+
+    @property
+    def logits(self) -> list[np.ndarray]:
+        """Per chunk [num_logits, vocab]: views into `rows` (built on demand: most steps need only rows)."""
+        ends = itertools.accumulate(self.num_logits)
+        return [self.rows[end - n:end] for n, end in zip(self.num_logits, ends)]
 
 
 @dataclass(frozen=True)
@@ -164,14 +170,10 @@ class ModelRunner:
         # a third of the runner's host time at 64 sequences (12.6 MB per step for a 49k vocabulary).
         num_rows = sum(step.num_logits)
         rows = step.request.get_tensor("logits").data.reshape(-1, self.model.config.vocab_size)[:num_rows]
-        out, row = [], 0
-        for n in step.num_logits:
-            out.append(rows[row:row + n])
-            row += n
         scores = None
         if self._has_scores:
             scores = [np.array(step.request.get_tensor(f"scores.{i}").data) for i in range(self._num_layers)]
-        return StepResult(rows, out, scores)
+        return StepResult(rows, step.num_logits, scores)
 
     def _block_inputs(self, chunks: Sequence[ScheduledChunk], inputs: dict) -> None:
         counts = [len(c.block_tables[0]) for c in chunks]

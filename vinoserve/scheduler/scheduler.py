@@ -166,7 +166,7 @@ class Scheduler:
         if prefix is None:
             return
         for seq, num_computed in computed:
-            full = min(num_computed, seq.num_tokens - seq.num_pending_tokens) // self.blocks.block_size
+            full = min(num_computed, seq.num_known_tokens) // self.blocks.block_size
             if full <= seq.num_registered_blocks or seq.status is not SequenceStatus.RUNNING:
                 continue  # nothing new, or its blocks went back since (preempted, finished)
             prefix.extend_hashes(seq.block_hashes, seq.token_ids, full)

@@ -47,8 +47,12 @@ class Sequence:
     num_pending_tokens: int = 0
 
     @property
+    def num_known_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_pending_tokens
+        return self.num_known_tokens + self.num_pending_tokens
 
     @property
     def ends_with_pending(self) -> bool:
