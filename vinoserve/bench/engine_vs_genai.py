@@ -1,8 +1,9 @@
 """vinoserve's engine vs openvino-genai's C++ ContinuousBatchingPipeline, back to back.
 
 Same converted model directory, same token-id prompts (real English text), same scheduler budget,
-greedy with ignore_eos, the device's default precisions unless --inference-precision /
---kv-cache-precision set them (for both engines). Prints generated tok/s of both and their ratio,
+ignore_eos, greedy unless --temperature (with --top-p / --top-k) makes both engines sample, the
+device's default precisions unless --inference-precision / --kv-cache-precision set them (for both
+engines). Prints generated tok/s of both and their ratio,
 each engine's effective inference precision and KV cache type, vinoserve's mean step time and the
 Python share of it (time outside infer()). With --repeats N both engines are built once and run
 in turn N times; figures are medians and the ratio is the median of the N paired ratios.
@@ -11,6 +12,7 @@ in turn N times; figures are medians and the ratio is the median of the N paired
     vinoserve bench engine --prompts 1 --repeats 7  # single stream, paired runs
     vinoserve bench engine --model qwen2-0.5b-random --prompts 16 --input-len 128
     vinoserve bench engine --prompts 1 --kv-cache-precision bf16
+    vinoserve bench engine --prompts 64 --temperature 0.8 --top-p 0.95   # sampled, as chat traffic is
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +39,32 @@ from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.scheduler.scheduler import SchedulerConfig
 
 QWEN2_05B = dict(layers=24, hidden=896, heads=14, kv_heads=2, ffn=4864, vocab=151936, theta=1000000.0)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The token choice both engines make: greedy at temperature 0."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    seed: int = 0
+
+    def params(self, max_tokens: int, seed_offset: int = 0) -> SamplingParams:
+        return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
+                              top_k=self.top_k, seed=self.seed + seed_offset if self.temperature else None,
+                              ignore_eos=True)
+
+    def genai_config(self, max_tokens: int):
+        import openvino_genai as genai
+
+        cfg = genai.GenerationConfig()
+        cfg.max_new_tokens, cfg.ignore_eos, cfg.do_sample = max_tokens, True, self.temperature > 0
+        if self.temperature > 0:
+            cfg.temperature, cfg.top_p, cfg.rng_seed = self.temperature, self.top_p, self.seed
+            if self.top_k:
+                cfg.top_k = self.top_k
+        return cfg
 
 
 def real_text_prompts(tokenizer: Tokenizer, count: int, length: int) -> list[list[int]]:
@@ -94,13 +123,13 @@ def random_qwen2_gguf(path: Path, s: dict) -> Path:
 
 
 def vinoserve_runner(model_dir: Path, warm_up, out_len: int, blocks: int, budget: int,
-                     precision: CompileOptions, overlap: bool = True) -> Callable[[list], dict]:
+                     precision: CompileOptions, overlap: bool = True,
+                     sampling: Sampling = Sampling()) -> Callable[[list], dict]:
     """Builds and warms vinoserve's engine once; each call of the result is one timed run."""
     cfg = EngineConfig(model=str(model_dir), num_kv_blocks=blocks, compile=precision, overlap_steps=overlap,
                        scheduler=SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=budget))
     llm = LLM(cfg, log=lambda m: None)
-    params = SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
-    llm.generate(warm_up, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    llm.generate(warm_up, sampling.params(4))
     engine, runner = llm.engine, llm.engine.runner
 
     def run(prompts: list) -> dict:
@@ -108,7 +137,7 @@ def vinoserve_runner(model_dir: Path, warm_up, out_len: int, blocks: int, budget
         hidden_s0 = engine.stats.overlapped_seconds
         hits0 = _prefix_hits(engine)
         start = time.perf_counter()
-        results = llm.generate(prompts, params)
+        results = llm.generate(prompts, [sampling.params(out_len, i) for i in range(len(prompts))])
         elapsed = time.perf_counter() - start
         assert all(len(r.token_ids) == out_len for r in results)
         # Prompts are fresh each run: genai caches no prefixes by default, so neither may we here.
@@ -162,7 +191,7 @@ def _genai_pipeline(model_dir: Path, sched, properties: dict):
 
 
 def genai_runner(model_dir: Path, warm_up, out_len: int, blocks: int, budget: int,
-                 precision: CompileOptions) -> Callable[[list], dict]:
+                 precision: CompileOptions, sampling: Sampling = Sampling()) -> Callable[[list], dict]:
     """Builds and warms genai's pipeline once; each call of the result is one timed run."""
     import openvino as ov
     import openvino_genai as genai
@@ -171,10 +200,7 @@ def genai_runner(model_dir: Path, warm_up, out_len: int, blocks: int, budget: in
     sched.num_kv_blocks, sched.max_num_batched_tokens, sched.max_num_seqs = blocks, budget, 256
     properties = {k: v for k, v in precision.properties().items() if k != "NUM_STREAMS"}
     pipe, effective = _genai_pipeline(model_dir, sched, properties)
-    cfg = genai.GenerationConfig()
-    cfg.max_new_tokens, cfg.ignore_eos, cfg.do_sample = out_len, True, False
-    warm = genai.GenerationConfig()
-    warm.max_new_tokens, warm.ignore_eos, warm.do_sample = 4, True, False
+    cfg, warm = sampling.genai_config(out_len), sampling.genai_config(4)
     pipe.generate([ov.Tensor(np.array([p], dtype=np.int64)) for p in warm_up], [warm] * len(warm_up))
     k, v = effective.get("KEY_CACHE_PRECISION", "?"), effective.get("VALUE_CACHE_PRECISION", "?")
 
@@ -207,6 +233,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="for both engines (default: the plugin's choice for this CPU)")
     ap.add_argument("--fuse-projections", action=argparse.BooleanOptionalAction, default=None,
                     help="vinoserve's q/k/v as one MatMul (default: where the CPU plugin does not fuse them itself)")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="both engines sample at this temperature (default 0: greedy)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="with --temperature, for both engines")
+    ap.add_argument("--top-k", type=int, default=0, help="with --temperature, for both engines (0: off)")
+    ap.add_argument("--seed", type=int, default=0, help="with --temperature: each engine's sampling seed")
     ap.add_argument("--overlap-steps", action=argparse.BooleanOptionalAction, default=True,
                     help="vinoserve sets up each step while the one before computes (default: on)")
 
@@ -232,16 +263,19 @@ def main(args: argparse.Namespace) -> None:
     blocks = args.prompts * math.ceil((args.input_len + args.output_len) / 32) + 8
 
     print(f"model {model_dir.name}: {args.prompts} prompts x ({args.input_len} in, {args.output_len} out), "
-          f"max_num_batched_tokens {args.max_num_batched_tokens}, {os.cpu_count()} CPUs")
+          f"max_num_batched_tokens {args.max_num_batched_tokens}, {os.cpu_count()} CPUs, "
+          + (f"sampled at temperature {args.temperature}, top_p {args.top_p}, top_k {args.top_k or 'off'}"
+             if args.temperature else "greedy"))
     precision = CompileOptions(inference_precision=args.inference_precision,
                                kv_cache_precision=args.kv_cache_precision, fuse_projections=args.fuse_projections)
+    sampling = Sampling(args.temperature, args.top_p, args.top_k, args.seed)
     runners = {}
     if args.only != "genai":
         runners["vinoserve"] = vinoserve_runner(model_dir, warm_up, args.output_len, blocks,
-                                                args.max_num_batched_tokens, precision, args.overlap_steps)
+                                                args.max_num_batched_tokens, precision, args.overlap_steps, sampling)
     if args.only != "vinoserve":
         runners["genai"] = genai_runner(model_dir, warm_up, args.output_len, blocks, args.max_num_batched_tokens,
-                                        precision)
+                                        precision, sampling)
     runs = {name: [] for name in runners}
     for r, prompts in enumerate(per_run):  # in turn, so both engines see the same machine load and prompts;
         order = list(runners.items())        # who goes first alternates, so neither always follows the other
