@@ -1,4 +1,4 @@
-"""`vinoserve bench engine`: both engines run at the precision asked for, and say which they used."""
+"""`vinoserve bench engine`: both engines run at the precision and sampling asked for, and say which."""
 from __future__ import annotations
 
 import re
@@ -8,16 +8,18 @@ import sys
 from gguf_fixtures import tiny_hf_model, write_gguf
 
 
-def test_precision_flags_reach_both_engines(tmp_path):
+def test_precision_and_sampling_flags_reach_both_engines(tmp_path):
     gguf = write_gguf(tiny_hf_model("llama"), tmp_path / "tiny.gguf")
     # A process of its own: genai's pipeline leaves threads behind in its process, and a later
     # test that forks (pexpect) can crash between fork and exec in a process that has them.
     run = subprocess.run([sys.executable, "-m", "vinoserve.cli", "bench", "engine", "--model", str(gguf),
                           "--prompts", "2", "--input-len", "16", "--output-len", "4",
-                          "--inference-precision", "f32", "--kv-cache-precision", "f16", "--repeats", "2"],
+                          "--inference-precision", "f32", "--kv-cache-precision", "f16", "--repeats", "2",
+                          "--temperature", "0.8", "--top-p", "0.9", "--top-k", "20"],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     out = run.stdout
+    assert re.search(r"^model .*, sampled at temperature 0\.8, top_p 0\.9, top_k 20$", out, re.M), out
     # f32 compute: the plugin never fuses projections itself then, so vinoserve does on every CPU
     assert re.search(r"^vinoserve .*f32 inference, f16 KV, q/k/v fused\)$", out, re.M), out
     assert re.search(r"^openvino-genai .*f32 inference, f16 KV\)$", out, re.M), out
