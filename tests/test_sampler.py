@@ -208,14 +208,15 @@ def test_inverse_cdf_spans_blocks_of_the_vocabulary():
     np.testing.assert_allclose(got[list(probs)], list(probs.values()), atol=2 / 4000)
 
 
-def test_a_uniform_next_to_1_picks_the_last_token_and_never_past_it():
-    # 1023 tokens each below half an ulp of 1.0: a sequential float64 cumsum drops them all
-    # while a pairwise block sum keeps them, so the two levels of the inverse CDF disagree.
-    logits = np.full((1, 1024), -37.5, dtype=np.float32)
-    logits[0, 0] = 0.0
+def test_a_uniform_next_to_1_picks_the_last_weighted_token_and_never_past_it():
+    # Weights 1 and 0.75 ulp(1): their float32 block sum rounds up to 1 + ulp, past what the
+    # float64 cumsum inside the block reaches, so the two levels of the inverse CDF disagree
+    # and the draw would land on an unweighted column without the clamp.
+    logits = np.full((1, 1024), -np.inf, dtype=np.float32)
+    logits[0, :2] = [0.0, -16.23]
     s = state(SamplingParams())
     s.rng = FixedUniform(np.nextafter(1.0, 0.0))
-    assert sample(logits, [s])[0] == 1023
+    assert sample(logits, [s])[0] == 1
 
 
 def test_top_p_nucleus_wider_than_the_candidate_guess():
@@ -224,6 +225,33 @@ def test_top_p_nucleus_wider_than_the_candidate_guess():
     keep = int(np.searchsorted(cumulative, 0.6) + 1)
     got = distribution(logits, SamplingParams(top_p=0.6), grid=4000)
     assert keep > 1024 and set(np.flatnonzero(got)) == set(range(keep))
+
+
+def test_top_k_looks_below_the_first_floor_for_its_best():
+    # One token weighs 1 and the next best ~4e-5 of it, under the first floor (2^-12): the
+    # search for the 3 best goes a floor lower; u next to 1 draws the third best.
+    logits = np.full(3000, -60.0, dtype=np.float32)
+    logits[[7, 2500, 40, 1200]] = [0.0, -20.0, -20.5, -21.0]
+    s = state(SamplingParams(temperature=2.0, top_k=3))
+    s.rng = FixedUniform(np.nextafter(1.0, 0.0))
+    assert sample([logits], [s])[0] == 40
+    s = state(SamplingParams(temperature=2.0, top_k=3))
+    s.rng = FixedUniform(0.5)
+    assert sample([logits], [s])[0] == 7
+
+
+def test_top_p_nucleus_reaching_below_the_first_floor():
+    # A token of weight 1 and 2000 of weight e^-14 (under 2^-12): top_p 0.9995 of the whole
+    # takes the best and, in column order, as many of the rest as reach it.
+    logits = np.full(2001, -14.0, dtype=np.float32)
+    logits[1000] = 0.0
+    tail = np.float64(np.exp(np.float32(-14.0)))
+    total = 1.0 + 2000 * tail
+    kept = int(np.ceil((0.9995 * total - 1.0) / tail))  # tail tokens whose weight before them is short of it
+    s = state(SamplingParams(top_p=0.9995))
+    s.rng = FixedUniform(np.nextafter(1.0, 0.0))
+    tail_columns = [c for c in range(2001) if c != 1000]
+    assert sample([logits], [s])[0] == tail_columns[kept - 1]
 
 
 def test_logprobs_are_the_raw_log_softmax():
