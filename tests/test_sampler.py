@@ -275,6 +275,15 @@ def test_logprobs_are_the_raw_log_softmax():
     assert out.logprobs.dtype == np.float32 and out.token_ids.dtype == np.int64
 
 
+def test_top_logprobs_reach_far_below_the_best_and_break_ties_by_column():
+    logits = np.full(3000, -50.0, dtype=np.float32)
+    logits[[9, 2000, 5, 700]] = [0.0, -20.0, -20.0, -25.0]
+    out = Sampler().sample(logits[None], [state(SamplingParams(logprobs=5))])
+    assert [t for t, _ in out.top_logprobs[0]] == [9, 5, 2000, 700, 0]
+    np.testing.assert_allclose([v for _, v in out.top_logprobs[0]], log_softmax(logits)[[9, 5, 2000, 700, 0]],
+                               atol=1e-5)
+
+
 @pytest.mark.parametrize("kwargs, name", [
     (dict(max_tokens=-1), "max_tokens"),
     (dict(max_tokens=0), "max_tokens"),

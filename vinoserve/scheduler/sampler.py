@@ -17,6 +17,7 @@ from vinoserve.scheduler.grammar import GrammarState, apply_grammar_masks
 from vinoserve.scheduler.sampling_params import SamplingParams
 
 _BLOCK = 1024  # columns per first-level block of the inverse CDF
+_SLICE = 1 << 20  # logits drawn from at once (rows of them): a slice's passes stay in cache
 # Weights (the best token weighs 1) above which a top_k / top_p row first looks for its
 # candidates, lowered in turn while they fall short; the last takes every token with weight.
 _FLOORS = (2.0**-12, 2.0**-24, 2.0**-48, 0.0)
@@ -76,8 +77,11 @@ class Sampler:
         tokens[sel] = (work if len(sel) == len(rows) else work[sel]).argmax(axis=1)
         sel = np.flatnonzero(~greedy & (top_k != 1))
         if len(sel):
-            tokens[sel] = _draw(work if len(sel) == len(rows) else work[sel], temperature[sel], min_p[sel],
-                                top_k[sel], top_p[sel], u[sel])
+            x = work if len(sel) == len(rows) else work[sel]
+            args = (temperature[sel], min_p[sel], top_k[sel], top_p[sel], u[sel])
+            step = max(1, _SLICE // x.shape[1])  # 64 x 152k at once: 16 ms; in slices of 6 rows: 11
+            tokens[sel] = np.concatenate([_draw(x[i:i + step], *(a[i:i + step] for a in args))
+                                          for i in range(0, len(sel), step)])
         return _with_logprobs(logits, tokens, rows)
 
 
@@ -147,10 +151,38 @@ def _token_counts(row_of_list: list[int], lists: list[Sequence[int]],
 
 
 def _top_sorted(values: np.ndarray, k: int) -> np.ndarray:
-    """Indices of each row's k largest values, largest first; O(W) per row rather than a sort."""
-    idx = np.argpartition(values, -k, axis=1)[:, -k:]
-    order = np.argsort(-np.take_along_axis(values, idx, axis=1), axis=1, kind="stable")
-    return np.take_along_axis(idx, order, axis=1)
+    """Indices [n, k] of each row's k largest values (k <= W), largest first, ties in column
+    order. Rows look among the values within 8 of their largest first (a logit row's top 20
+    nearly always are) and lower only while too few are there: one argpartition over a
+    49k-token row took 0.4 ms."""
+    n, width = values.shape
+    peak = values.max(axis=1)
+    best = np.empty((n, k), dtype=np.int64)
+    todo = np.arange(n)
+    for gap in (8.0, 16.0, 32.0, np.inf):
+        sub = values if len(todo) == n else values[todo]
+        flat = np.flatnonzero(sub >= (peak[todo] - gap)[:, None])
+        row, col = np.divmod(flat, width)
+        done = (np.bincount(row, minlength=len(todo)) >= k) | (gap == np.inf)
+        keep = done[row]
+        row, col = row[keep], col[keep]
+        order = _by_row_descending(row, sub.ravel()[flat[keep]])
+        row, col = row[order], col[order]
+        first = (np.arange(len(row)) - np.searchsorted(row, np.arange(len(todo)))[row]) < k
+        best[todo[done]] = col[first].reshape(-1, k)
+        todo = todo[~done]
+        if not len(todo):
+            break
+    return best
+
+
+def _by_row_descending(row: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The order that sorts (row, value) pairs by row, then by value descending, ties kept in
+    their given order: one stable sort of an int64 key with the row above the float32 value's
+    bits, flipped so that they order as the values do (np.lexsort took 5x as long)."""
+    bits = values.astype(np.float32, copy=False).view(np.int32).astype(np.int64)
+    ascending = np.where(bits < 0, -(bits & 0x7FFFFFFF), bits)  # negative floats order backwards
+    return np.argsort((row.astype(np.int64) << 32) | (0x7FFFFFFF - ascending), kind="stable")
 
 
 def _draw(logits: np.ndarray, temperature: np.ndarray, min_p: np.ndarray, top_k: np.ndarray,
@@ -204,9 +236,8 @@ def _draw_candidates(row: np.ndarray, col: np.ndarray, weight: np.ndarray, top_k
     """Tokens from candidates given as (row, col, weight), rows ascending, each row holding its
     top_k (0: off) best and, with top_p, tokens enough to reach top_p of `total`."""
     n = len(top_k)
-    # By row, then heaviest first, ties in column order: one stable sort of a key with the row
-    # above the weight (a float32 >= 0 orders as its bits); np.lexsort took 5x as long.
-    order = np.argsort((row.astype(np.int64) << 31) | (0x7FFFFFFF - weight.view(np.int32)), kind="stable")
+    # By row, then heaviest first, ties in column order.
+    order = _by_row_descending(row, weight)
     row, col, weight = row[order], col[order], weight[order]
     rank = np.arange(len(row)) - np.searchsorted(row, np.arange(n))[row]
     keep = (top_k[row] == 0) | (rank < top_k[row])
@@ -256,14 +287,15 @@ def _with_logprobs(logits: np.ndarray, tokens: np.ndarray, rows: Sequence[Sampli
     # Only rows that asked pay for the log-softmax: an exp over V costs more than a greedy step.
     chosen = np.full(len(rows), np.nan, dtype=np.float32)
     top: list[list[tuple[int, float]] | None] = [None] * len(rows)
-    for i, r in enumerate(rows):
-        k = r.params.logprobs
-        if k is None:
-            continue
-        row = logits[i]
-        peak = row.max()
-        lse = peak + np.log(np.exp(row - peak).sum(dtype=np.float64))
-        chosen[i] = row[tokens[i]] - lse
-        best = _top_sorted(row[None], min(k, len(row)))[0] if k else []
-        top[i] = [(int(t), float(row[t] - lse)) for t in best]
+    asked = np.array([i for i, r in enumerate(rows) if r.params.logprobs is not None], dtype=np.int64)
+    if not len(asked):
+        return SamplerOutput(tokens, chosen, top)
+    x = logits if len(asked) == len(rows) else logits[asked]
+    # Row by row: one row's exp stays in cache for its sum (the whole batch at once took 2x as long).
+    lse = np.array([row.max() + np.log(np.exp(row - row.max()).sum(dtype=np.float64)) for row in x])
+    chosen[asked] = x[np.arange(len(asked)), tokens[asked]] - lse
+    ks = [rows[i].params.logprobs for i in asked]
+    best = _top_sorted(x, min(max(ks), x.shape[1])) if max(ks) else None
+    for j, (i, k) in enumerate(zip(asked, ks)):
+        top[i] = [(int(t), float(x[j, t] - lse[j])) for t in best[j, :k]] if k else []
     return SamplerOutput(tokens, chosen, top)
