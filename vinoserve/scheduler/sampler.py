@@ -168,7 +168,7 @@ def _top_sorted(values: np.ndarray, k: int) -> np.ndarray:
         row, col = row[keep], col[keep]
         order = _by_row_descending(row, sub.ravel()[flat[keep]])
         row, col = row[order], col[order]
-        first = (np.arange(len(row)) - np.searchsorted(row, np.arange(len(todo)))[row]) < k
+        first = _rank_in_row(row, len(todo)) < k
         best[todo[done]] = col[first].reshape(-1, k)
         todo = todo[~done]
         if not len(todo):
@@ -185,6 +185,16 @@ def _by_row_descending(row: np.ndarray, values: np.ndarray) -> np.ndarray:
     return np.argsort((row.astype(np.int64) << 32) | (0x7FFFFFFF - ascending), kind="stable")
 
 
+def _row_starts(row: np.ndarray, n: int) -> np.ndarray:
+    """Where each of rows 0..n-1 starts in `row`, sorted ascending."""
+    return np.searchsorted(row, np.arange(n))
+
+
+def _rank_in_row(row: np.ndarray, n: int) -> np.ndarray:
+    """Each entry's place among its row's entries, for `row` sorted ascending over rows 0..n-1."""
+    return np.arange(len(row)) - _row_starts(row, n)[row]
+
+
 def _draw(logits: np.ndarray, temperature: np.ndarray, min_p: np.ndarray, top_k: np.ndarray,
           top_p: np.ndarray, u: np.ndarray) -> np.ndarray:
     """One token per row of logits [n, V] at uniform u, after min_p, top_k (0: off), top_p.
@@ -193,7 +203,7 @@ def _draw(logits: np.ndarray, temperature: np.ndarray, min_p: np.ndarray, top_k:
     row only its k best's. And a row's k best, or its nucleus, are nearly always a few dozen
     tokens far above the rest: so a filtered row sorts only the tokens whose weight is above
     a floor, looking lower only while those fall short (fewer than k, or less than top_p of
-    the row's weight). Sorting each row's whole vocabulary cost 60 ms a step at 64 x 49k."""
+    the row's weight). Ranking each row's whole vocabulary cost 40-60 ms a step at 64 x 49k."""
     n, vocab = logits.shape
     peak = logits.max(axis=1)
     tokens = np.empty(n, dtype=np.int64)
@@ -239,7 +249,7 @@ def _draw_candidates(row: np.ndarray, col: np.ndarray, weight: np.ndarray, top_k
     # By row, then heaviest first, ties in column order.
     order = _by_row_descending(row, weight)
     row, col, weight = row[order], col[order], weight[order]
-    rank = np.arange(len(row)) - np.searchsorted(row, np.arange(n))[row]
+    rank = _rank_in_row(row, n)
     keep = (top_k[row] == 0) | (rank < top_k[row])
     row, col, weight = row[keep], col[keep], weight[keep]
     # A token stays while the weight strictly before it is below top_p of the row's: the
@@ -247,12 +257,12 @@ def _draw_candidates(row: np.ndarray, col: np.ndarray, weight: np.ndarray, top_k
     # vLLM v1; a top_k row's whole is its k best.
     whole = np.where(top_k > 0, np.bincount(row, weights=weight, minlength=n), total)
     before = np.cumsum(weight, dtype=np.float64) - weight
-    before -= before[np.searchsorted(row, np.arange(n))][row]
+    before -= before[_row_starts(row, n)][row]
     keep = before < (top_p * whole)[row]
     row, col, weight = row[keep], col[keep], weight[keep]
     # Each row's kept tokens, padded with zero weights to the widest, go through the inverse CDF.
     count = np.bincount(row, minlength=n)
-    place = np.arange(len(row)) - np.searchsorted(row, np.arange(n))[row]
+    place = _rank_in_row(row, n)
     p = np.zeros((n, count.max()), dtype=np.float32)
     ids = np.zeros((n, count.max()), dtype=np.int64)
     p[row, place], ids[row, place] = weight, col
