@@ -69,11 +69,12 @@ def test_sweep_over_concurrency(server, capsys):
     assert "concurrency 1" in printed and "concurrency 3" in printed
 
 
-def _faulty_app() -> Starlette:
+def _faulty_app(bodies: list[dict]) -> Starlette:
     count = {"n": 0}
 
     async def completions(request):
         body = await request.json()
+        bodies.append(body)
         count["n"] += 1
         n = count["n"]
         if n % 3 == 0:
@@ -94,9 +95,9 @@ def _faulty_app() -> Starlette:
     return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])])
 
 
-def test_errors_and_dropped_connections_are_counted(tmp_path):
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(_faulty_app(), host="127.0.0.1", port=port, log_level="critical"))
+def test_errors_and_dropped_connections_are_counted_and_sampling_is_sent(tmp_path):
+    port, bodies = free_port(), []
+    server = uvicorn.Server(uvicorn.Config(_faulty_app(bodies), host="127.0.0.1", port=port, log_level="critical"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
@@ -105,8 +106,11 @@ def test_errors_and_dropped_connections_are_counted(tmp_path):
         out = tmp_path / "faulty.json"
         assert main(["bench", "serve", "--base-url", f"http://127.0.0.1:{port}", "--model", "m",
                      "--num-prompts", "9", "--input-len", "5", "--output-len", "3", "--max-concurrency", "1",
-                     "--save-result", str(out)]) == 0
-        s = json.loads(out.read_text())["runs"][0]["summary"]
+                     "--temperature", "0.7", "--top-p", "0.9", "--top-k", "5", "--save-result", str(out)]) == 0
+        result = json.loads(out.read_text())
+        assert (result["temperature"], result["top_p"], result["top_k"]) == (0.7, 0.9, 5)
+        assert len(bodies) == 9 and all((b["temperature"], b["top_p"], b["top_k"]) == (0.7, 0.9, 5) for b in bodies)
+        s = result["runs"][0]["summary"]
         assert (s["completed"], s["failed"]) == (3, 6)
         assert any("HTTP 500" in e for e in s["errors"]) and len(s["errors"]) >= 2
     finally:

@@ -46,6 +46,10 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
                         "in the first turn, --input-len words in each later user message)")
     p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="let requests stop at EOS (default: ignore_eos, so lengths are exact)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature of every request (default 0: greedy; chat clients sample)")
+    p.add_argument("--top-p", type=float, default=None, help="top_p of every request (default: not sent)")
+    p.add_argument("--top-k", type=int, default=None, help="top_k of every request, vLLM's extension (default: not sent)")
     p.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (inf: all at once)")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrivals (1 = Poisson)")
     p.add_argument("--max-concurrency", type=int, default=None)
@@ -77,7 +81,8 @@ def workload(args: argparse.Namespace):
 def bench_serve(args: argparse.Namespace) -> dict:
     goodput = Goodput.parse(args.goodput)
     requests = workload(args)
-    target = Target(args.base_url.rstrip("/"), args.model, args.api_key, args.ignore_eos)
+    target = Target(args.base_url.rstrip("/"), args.model, args.api_key, args.ignore_eos,
+                    temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     values = [float(v) for v in args.sweep.split(",")] if args.sweep else [None]
     runs = []
     for value in values:
@@ -96,7 +101,7 @@ def bench_serve(args: argparse.Namespace) -> dict:
         print(report(summary))
     result = {"base_url": args.base_url, "model": args.model, "workload": args.workload,
               "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
-              "runs": runs}
+              "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "runs": runs}
     if args.save_result:
         args.save_result.write_text(json.dumps(result, indent=2, default=_json_number))
     if args.plot:

@@ -21,12 +21,16 @@ class Target:
     api_key: str | None = None
     ignore_eos: bool = True
     timeout: float = 600.0
+    temperature: float = 0.0  # greedy unless asked: the same tokens on every run
+    top_p: float | None = None  # None: not sent (the server's default)
+    top_k: int | None = None  # vLLM's extension; vinoserve honours it
 
 
 async def send(client: httpx.AsyncClient, target: Target, req: BenchRequest, t0: float) -> RequestRecord:
     """One streaming request; never raises: failures are recorded with their reason."""
-    body = {"model": target.model, "prompt": req.prompt, "max_tokens": req.output_len, "temperature": 0.0,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {"model": target.model, "prompt": req.prompt, "max_tokens": req.output_len,
+            "temperature": target.temperature, "stream": True, "stream_options": {"include_usage": True}}
+    body.update({k: v for k, v in (("top_p", target.top_p), ("top_k", target.top_k)) if v is not None})
     if target.ignore_eos:
         body["ignore_eos"] = True  # vLLM's extension; vinoserve and vLLM honour it
     headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
