@@ -293,6 +293,11 @@ def _pick(p: np.ndarray, u: np.ndarray) -> np.ndarray:
     return b * size + np.minimum(col, last)
 
 
+def _log_sum_exp(row: np.ndarray) -> float:
+    peak = row.max()
+    return float(peak + np.log(np.exp(row - peak).sum(dtype=np.float64)))
+
+
 def _with_logprobs(logits: np.ndarray, tokens: np.ndarray, rows: Sequence[SamplingState]) -> SamplerOutput:
     # Only rows that asked pay for the log-softmax: an exp over V costs more than a greedy step.
     chosen = np.full(len(rows), np.nan, dtype=np.float32)
@@ -302,7 +307,7 @@ def _with_logprobs(logits: np.ndarray, tokens: np.ndarray, rows: Sequence[Sampli
         return SamplerOutput(tokens, chosen, top)
     x = logits if len(asked) == len(rows) else logits[asked]
     # Row by row: one row's exp stays in cache for its sum (the whole batch at once took 2x as long).
-    lse = np.array([row.max() + np.log(np.exp(row - row.max()).sum(dtype=np.float64)) for row in x])
+    lse = np.array([_log_sum_exp(row) for row in x])
     chosen[asked] = x[np.arange(len(asked)), tokens[asked]] - lse
     ks = [rows[i].params.logprobs for i in asked]
     best = _top_sorted(x, min(max(ks), x.shape[1])) if max(ks) else None
