@@ -227,9 +227,9 @@ def test_top_p_nucleus_wider_than_the_candidate_guess():
     assert keep > 1024 and set(np.flatnonzero(got)) == set(range(keep))
 
 
-def test_top_k_looks_below_the_first_floor_for_its_best():
-    # One token weighs 1 and the next best ~4e-5 of it, under the first floor (2^-12): the
-    # search for the 3 best goes a floor lower; u next to 1 draws the third best.
+def test_top_k_looks_past_the_first_gap_for_its_best():
+    # The next best after the first lie 20 logits (10 at temperature 2) below it, past the first
+    # gap (8 x temperature): the search for the 3 best looks further; u next to 1 draws the third.
     logits = np.full(3000, -60.0, dtype=np.float32)
     logits[[7, 2500, 40, 1200]] = [0.0, -20.0, -20.5, -21.0]
     s = state(SamplingParams(temperature=2.0, top_k=3))
@@ -240,8 +240,8 @@ def test_top_k_looks_below_the_first_floor_for_its_best():
     assert sample([logits], [s])[0] == 7
 
 
-def test_top_p_nucleus_reaching_below_the_first_floor():
-    # A token of weight 1 and 2000 of weight e^-14 (under 2^-12): top_p 0.9995 of the whole
+def test_top_p_nucleus_reaching_past_the_first_gap():
+    # A token of weight 1 and 2000 of weight e^-14 (14 logits down): top_p 0.9995 of the whole
     # takes the best and, in column order, as many of the rest as reach it.
     logits = np.full(2001, -14.0, dtype=np.float32)
     logits[1000] = 0.0

@@ -7,7 +7,7 @@ it is batched with.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 
@@ -18,9 +18,9 @@ from vinoserve.scheduler.sampling_params import SamplingParams
 
 _BLOCK = 1024  # columns per first-level block of the inverse CDF
 _SLICE = 1 << 20  # logits drawn from at once (rows of them): a slice's passes stay in cache
-# Weights (the best token weighs 1) above which a top_k / top_p row first looks for its
-# candidates, lowered in turn while they fall short; the last takes every token with weight.
-_FLOORS = (2.0**-12, 2.0**-24, 2.0**-48, 0.0)
+# How far below its best a row looks for its k best or its nucleus, in logits (over the
+# temperature), in turn while what is there falls short; the last takes every token.
+_GAPS = (8.0, 16.0, 32.0, np.inf)
 
 
 def make_rng(seed: int | None) -> np.random.Generator:
@@ -151,29 +151,41 @@ def _token_counts(row_of_list: list[int], lists: list[Sequence[int]],
 
 
 def _top_sorted(values: np.ndarray, k: int) -> np.ndarray:
-    """Indices [n, k] of each row's k largest values (k <= W), largest first, ties in column
-    order. Rows look among the values within 8 of their largest first (a logit row's top 20
-    nearly always are) and lower only while too few are there: one argpartition over a
-    49k-token row took 0.4 ms."""
-    n, width = values.shape
-    peak = values.max(axis=1)
+    """Indices [n, k] of each row's k largest values (k <= W), largest first, ties in column order."""
+    n = len(values)
     best = np.empty((n, k), dtype=np.int64)
-    todo = np.arange(n)
-    for gap in (8.0, 16.0, 32.0, np.inf):
-        sub = values if len(todo) == n else values[todo]
-        flat = np.flatnonzero(sub >= (peak[todo] - gap)[:, None])
-        row, col = np.divmod(flat, width)
-        done = (np.bincount(row, minlength=len(todo)) >= k) | (gap == np.inf)
-        keep = done[row]
-        row, col = row[keep], col[keep]
-        order = _by_row_descending(row, sub.ravel()[flat[keep]])
+    for rows, row, col, value in _near_best(values, values.max(axis=1), np.ones(n, dtype=np.float32),
+                                            lambda todo, row, value: value,
+                                            lambda todo, row, value: np.bincount(row, minlength=len(todo)) >= k):
+        order = _by_row_descending(row, value)
         row, col = row[order], col[order]
-        first = _rank_in_row(row, len(todo)) < k
-        best[todo[done]] = col[first].reshape(-1, k)
+        best[rows] = col[_rank_in_row(row, len(rows)) < k].reshape(-1, k)
+    return best
+
+
+def _near_best(values: np.ndarray, peak: np.ndarray, scale: np.ndarray,
+               weigh: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+               enough: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]):
+    """Each row's entries within gap * scale of its largest, `peak`, at the first gap of _GAPS
+    where enough(todo, row, weight) holds of them, with weight = weigh(todo, row, value) (`row`
+    indexes `todo`, the rows still looking). A row's k best or its nucleus are nearly always a
+    few dozen entries, so rows rarely look past the first gap: ranking a whole 49k-token row
+    took 0.4 ms. Yields, gap by gap: the batch rows done there, and their entries as (row, an
+    index into those rows, ascending; column; weight)."""
+    n, width = values.shape
+    todo = np.arange(n)
+    for gap in _GAPS:
+        sub = values if len(todo) == n else values[todo]
+        flat = np.flatnonzero(sub >= (peak[todo] - gap * scale[todo])[:, None])  # by row, then column
+        row, col = np.divmod(flat, width)
+        weight = weigh(todo, row, sub.ravel()[flat])
+        done = enough(todo, row, weight) | (gap == np.inf)
+        if done.any():
+            keep = done[row]
+            yield todo[done], (np.cumsum(done) - 1)[row[keep]], col[keep], weight[keep]
         todo = todo[~done]
         if not len(todo):
-            break
-    return best
+            return
 
 
 def _by_row_descending(row: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -201,10 +213,10 @@ def _draw(logits: np.ndarray, temperature: np.ndarray, min_p: np.ndarray, top_k:
 
     A row without top_k needs every token's weight, to draw from or as top_p's whole; a top_k
     row only its k best's. And a row's k best, or its nucleus, are nearly always a few dozen
-    tokens far above the rest: so a filtered row sorts only the tokens whose weight is above
-    a floor, looking lower only while those fall short (fewer than k, or less than top_p of
-    the row's weight). Ranking each row's whole vocabulary cost 40-60 ms a step at 64 x 49k."""
-    n, vocab = logits.shape
+    tokens far above the rest: so a filtered row ranks only those near its best (_near_best),
+    looking lower only while they fall short (fewer than k, or less than top_p of the row's
+    weight). Ranking each row's whole vocabulary cost 40-60 ms a step at 64 x 49k."""
+    n = len(logits)
     peak = logits.max(axis=1)
     tokens = np.empty(n, dtype=np.int64)
     total = np.zeros(n)
@@ -216,28 +228,24 @@ def _draw(logits: np.ndarray, temperature: np.ndarray, min_p: np.ndarray, top_k:
             tokens[full[plain]] = _pick(w if plain.all() else w[plain], u[full[plain]])
         if not plain.all():
             total[full[~plain]] = (w if not plain.any() else w[~plain]).sum(axis=1)
-    todo = np.flatnonzero((top_k > 0) | (top_p < 1))
-    for floor in _FLOORS:
-        if not len(todo):
-            break
-        sub = logits if len(todo) == n else logits[todo]
-        with np.errstate(divide="ignore"):  # floor 0: every finite logit
-            cut = peak[todo] + temperature[todo] * np.float32(np.log(floor))
-        flat = np.flatnonzero(sub > cut[:, None])  # row-major: by row, then by column
-        row, col = np.divmod(flat, vocab)
-        weight = np.exp((sub.ravel()[flat] - peak[todo][row]) / temperature[todo][row])
+    sel = np.flatnonzero((top_k > 0) | (top_p < 1))
+    if not len(sel):
+        return tokens
+    x = logits if len(sel) == n else logits[sel]
+    peak, temperature, min_p, top_k, top_p, total = (a[sel] for a in (peak, temperature, min_p, top_k, top_p, total))
+
+    def weigh(todo: np.ndarray, row: np.ndarray, logit: np.ndarray) -> np.ndarray:
+        weight = np.exp((logit - peak[todo][row]) / temperature[todo][row])
         weight[weight < min_p[todo][row]] = 0.0
-        k = top_k[todo]
+        return weight
+
+    def enough(todo: np.ndarray, row: np.ndarray, weight: np.ndarray) -> np.ndarray:
         count = np.bincount(row, minlength=len(todo))
         mass = np.bincount(row, weights=weight, minlength=len(todo))
-        done = np.where(k > 0, count >= k, mass >= top_p[todo] * total[todo]) | (floor == 0.0)
-        if done.any():
-            keep = done[row]
-            index = np.cumsum(done) - 1  # each done row's place among them
-            rows = todo[done]
-            tokens[rows] = _draw_candidates(index[row[keep]], col[keep], weight[keep], k[done],
-                                            top_p[rows], total[rows], u[rows])
-        todo = todo[~done]
+        return np.where(top_k[todo] > 0, count >= top_k[todo], mass >= top_p[todo] * total[todo])
+
+    for rows, row, col, weight in _near_best(x, peak, temperature, weigh, enough):
+        tokens[sel[rows]] = _draw_candidates(row, col, weight, top_k[rows], top_p[rows], total[rows], u[sel[rows]])
     return tokens
 
 
