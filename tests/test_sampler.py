@@ -275,6 +275,15 @@ def test_logprobs_are_the_raw_log_softmax():
     assert out.logprobs.dtype == np.float32 and out.token_ids.dtype == np.int64
 
 
+def test_a_token_reports_one_logprob_as_chosen_and_among_the_top():
+    rng = np.random.default_rng(8)
+    logits = rng.standard_normal((8, 3000)).astype(np.float32) * 4
+    out = Sampler().sample(logits, [state(SamplingParams(temperature=0.0, logprobs=20)) for _ in range(8)])
+    for i in range(8):
+        top = dict(out.top_logprobs[i])
+        assert top[int(out.token_ids[i])] == float(out.logprobs[i])  # greedy: the best is in the top
+
+
 def test_top_logprobs_reach_far_below_the_best_and_break_ties_by_column():
     logits = np.full(3000, -50.0, dtype=np.float32)
     logits[[9, 2000, 5, 700]] = [0.0, -20.0, -20.0, -25.0]

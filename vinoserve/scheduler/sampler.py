@@ -320,5 +320,6 @@ def _with_logprobs(logits: np.ndarray, tokens: np.ndarray, rows: Sequence[Sampli
     ks = [rows[i].params.logprobs for i in asked]
     best = _top_sorted(x, min(max(ks), x.shape[1])) if max(ks) else None
     for j, (i, k) in enumerate(zip(asked, ks)):
-        top[i] = [(int(t), float(x[j, t] - lse[j])) for t in best[j, :k]] if k else []
+        # Rounded as the chosen token's is, so a token reports one logprob wherever it appears.
+        top[i] = [(int(t), float(np.float32(x[j, t] - lse[j]))) for t in best[j, :k]] if k else []
     return SamplerOutput(tokens, chosen, top)
