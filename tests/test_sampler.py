@@ -275,6 +275,27 @@ def test_logprobs_are_the_raw_log_softmax():
     assert out.logprobs.dtype == np.float32 and out.token_ids.dtype == np.int64
 
 
+@pytest.mark.parametrize("params", [dict(temperature=0.0), dict(temperature=1.0), dict(temperature=0.8, top_p=0.9),
+                                    dict(temperature=0.8, top_k=5), dict(temperature=0.8, top_k=1),
+                                    dict(temperature=0.0, logprobs=2)])
+@pytest.mark.parametrize("poison, reason", [(np.nan, "NaN"), (np.inf, "infinity"), (None, "every token is excluded")])
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_a_row_without_a_finite_best_logit_raises_rather_than_draw_a_token(params, poison, reason):
+    # Before: argmax returned the NaN's or inf's column as if chosen, temperature 1 drew token 0,
+    # top_p / top_k raised an IndexError; now a clear error, which the engine confines to the
+    # request whose row it is (test_fault_isolation).
+    logits = np.random.default_rng(3).standard_normal((3, 800)).astype(np.float32)
+    if poison is None:
+        logits[1] = -np.inf
+    else:
+        logits[1, 17] = poison
+    states = [state(SamplingParams(**params)) for _ in range(3)]
+    with pytest.raises(ValueError, match=reason):
+        Sampler().sample(logits, states)
+    out = Sampler().sample(logits[[0, 2]], [states[0], states[2]])  # the others alone are fine
+    assert np.isfinite(logits[[0, 2]][[0, 1], out.token_ids]).all()
+
+
 def test_a_token_reports_one_logprob_as_chosen_and_among_the_top():
     rng = np.random.default_rng(8)
     logits = rng.standard_normal((8, 3000)).astype(np.float32) * 4

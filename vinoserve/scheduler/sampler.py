@@ -60,7 +60,9 @@ class Sampler:
         work = _constrain(_penalise(logits, rows), logits, rows)
         params = [r.params for r in rows]
         if all(p.is_greedy for p in params):  # the common batch: skip building the filters' arrays
-            return _with_logprobs(logits, work.argmax(axis=1), rows)
+            tokens = work.argmax(axis=1)
+            _require_finite(work[np.arange(len(rows)), tokens])
+            return _with_logprobs(logits, tokens, rows)
         vocab = work.shape[1]
         greedy = np.array([p.is_greedy for p in params], dtype=bool)
         top_k = np.array([p.top_k if 0 < p.top_k < vocab else 0 for p in params])
@@ -75,6 +77,7 @@ class Sampler:
         # top_k=1 keeps only the argmax, and argmax breaks ties exactly as greedy does.
         sel = np.flatnonzero(greedy | (top_k == 1))
         tokens[sel] = (work if len(sel) == len(rows) else work[sel]).argmax(axis=1)
+        _require_finite(work[sel, tokens[sel]])
         sel = np.flatnonzero(~greedy & (top_k != 1))
         if len(sel):
             x = work if len(sel) == len(rows) else work[sel]
@@ -96,6 +99,17 @@ def _weights(logits: np.ndarray, peak: np.ndarray, temperature: np.ndarray, min_
     if min_p.any():
         w[w < min_p[:, None]] = 0.0  # the best weighs 1, so min_p * best is min_p
     return w
+
+
+def _require_finite(best: np.ndarray) -> None:
+    """Raises for a batch with a row whose best logit is not finite: nothing can be drawn from
+    it (argmax and max both return NaN for a row holding one). The engine then samples each
+    request alone and fails only that one."""
+    bad = best[~np.isfinite(best)]
+    if len(bad):
+        raise ValueError("no token can be sampled: " + (
+            "the model's logits are NaN" if np.isnan(bad[0]) else "a logit overflowed to infinity"
+            if bad[0] > 0 else "every token is excluded (by logit_bias, min_tokens or the grammar)"))
 
 
 def _penalise(logits: np.ndarray, rows: Sequence[SamplingState]) -> np.ndarray:
@@ -218,6 +232,7 @@ def _draw(logits: np.ndarray, temperature: np.ndarray, min_p: np.ndarray, top_k:
     weight). Ranking each row's whole vocabulary cost 40-60 ms a step at 64 x 49k."""
     n = len(logits)
     peak = logits.max(axis=1)
+    _require_finite(peak)
     tokens = np.empty(n, dtype=np.int64)
     total = np.zeros(n)
     full = np.flatnonzero(top_k == 0)
