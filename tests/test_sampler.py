@@ -211,12 +211,23 @@ def test_inverse_cdf_spans_blocks_of_the_vocabulary():
 def test_a_uniform_next_to_1_picks_the_last_weighted_token_and_never_past_it():
     # Weights 1 and 0.75 ulp(1): their float32 block sum rounds up to 1 + ulp, past what the
     # float64 cumsum inside the block reaches, so the two levels of the inverse CDF disagree
-    # and the draw would land on an unweighted column without the clamp.
-    logits = np.full((1, 1024), -np.inf, dtype=np.float32)
+    # and the draw would land on an unweighted column without the clamp. (A row of one block or
+    # less takes one float64 cumsum instead, which cannot disagree with itself.)
+    logits = np.full((1, 2048), -np.inf, dtype=np.float32)
     logits[0, :2] = [0.0, -16.23]
     s = state(SamplingParams())
     s.rng = FixedUniform(np.nextafter(1.0, 0.0))
     assert sample(logits, [s])[0] == 1
+
+
+def test_a_uniform_next_to_1_stays_inside_its_row_among_wider_rows():
+    # Candidate rows are padded with zero weights to the batch's widest: row 0 keeps 2 tokens,
+    # row 1 fifty; u next to 1 must draw row 0's second best, not a padded column.
+    logits = np.random.default_rng(4).standard_normal((2, 500)).astype(np.float32)
+    states = [state(SamplingParams(top_k=2)), state(SamplingParams(top_k=50))]
+    for s in states:
+        s.rng = FixedUniform(np.nextafter(1.0, 0.0))
+    assert sample(logits, states)[0] == np.argsort(-logits[0])[1]
 
 
 def test_top_p_nucleus_wider_than_the_candidate_guess():

@@ -76,15 +76,16 @@ class Sampler:
         tokens = np.empty(len(rows), dtype=np.int64)
         # top_k=1 keeps only the argmax, and argmax breaks ties exactly as greedy does.
         sel = np.flatnonzero(greedy | (top_k == 1))
-        tokens[sel] = (work if len(sel) == len(rows) else work[sel]).argmax(axis=1)
-        _require_finite(work[sel, tokens[sel]])
+        if len(sel):
+            tokens[sel] = (work if len(sel) == len(rows) else work[sel]).argmax(axis=1)
+            _require_finite(work[sel, tokens[sel]])
         sel = np.flatnonzero(~greedy & (top_k != 1))
         if len(sel):
             x = work if len(sel) == len(rows) else work[sel]
             args = (temperature[sel], min_p[sel], top_k[sel], top_p[sel], u[sel])
             step = max(1, _SLICE // x.shape[1])  # 64 x 152k at once: 16 ms; in slices of 6 rows: 11
-            tokens[sel] = np.concatenate([_draw(x[i:i + step], *(a[i:i + step] for a in args))
-                                          for i in range(0, len(sel), step)])
+            for i in range(0, len(sel), step):
+                tokens[sel[i:i + step]] = _draw(x[i:i + step], *(a[i:i + step] for a in args))
         return _with_logprobs(logits, tokens, rows)
 
 
@@ -300,7 +301,10 @@ def _pick(p: np.ndarray, u: np.ndarray) -> np.ndarray:
     more than the rest of the draw, for mass under float32's own resolution.
     """
     n, width = p.shape
-    size = min(_BLOCK, width)
+    if width <= _BLOCK:  # one float64 cumsum: its last entry is the total, so u < 1 stops inside the row
+        cum = np.cumsum(p, axis=1, dtype=np.float64)
+        return (cum <= (u * cum[:, -1])[:, None]).sum(axis=1)
+    size = _BLOCK
     sums = np.add.reduceat(p, np.arange(0, width, size), axis=1)
     cum = np.cumsum(sums, axis=1, dtype=np.float64)
     target = u * cum[:, -1]  # u < 1, so some block passes it, and that block has mass
