@@ -19,8 +19,10 @@ from vinoserve.scheduler.sampling_params import SamplingParams
 _BLOCK = 1024  # columns per first-level block of the inverse CDF
 _SLICE = 1 << 20  # logits drawn from at once (rows of them): a slice's passes stay in cache
 # How far below its best a row looks for its k best or its nucleus, in logits (over the
-# temperature), in turn while what is there falls short; the last takes every token.
-_GAPS = (8.0, 16.0, 32.0, np.inf)
+# temperature), in turn while what is there falls short; the last takes every token. The 50th
+# best of a real row lies a median 8 T below its best, 13 T at the 90th percentile: a step to 12
+# spares those rows sorting the ~2,300 tokens within 16 T.
+_GAPS = (8.0, 12.0, 16.0, 32.0, np.inf)
 
 
 def make_rng(seed: int | None) -> np.random.Generator:
