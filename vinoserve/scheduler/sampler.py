@@ -97,7 +97,8 @@ def _weights(logits: np.ndarray, peak: np.ndarray, temperature: np.ndarray, min_
     # Subtracting the max before dividing keeps small temperatures from losing the
     # differences between the top logits to float32 rounding.
     w = np.subtract(logits, peak[:, None])  # a new array: `logits` may be the raw ones logprobs read
-    w /= temperature[:, None]
+    if (temperature != 1).any():  # temperature 1 is the OpenAI default: a pass over V spared
+        w /= temperature[:, None]
     np.exp(w, out=w)
     if min_p.any():
         w[w < min_p[:, None]] = 0.0  # the best weighs 1, so min_p * best is min_p
