@@ -307,6 +307,19 @@ def test_a_row_without_a_finite_best_logit_raises_rather_than_draw_a_token(param
     assert np.isfinite(logits[[0, 2]][[0, 1], out.token_ids]).all()
 
 
+@pytest.mark.parametrize("bad", [dict(temperature=0.0), dict(temperature=1.0, seed=8), dict(temperature=0.5, top_k=1)])
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_a_row_that_cannot_be_sampled_moves_no_generator(bad):
+    # The engine samples each request alone after the batch raises: a seeded neighbour must then
+    # take the uniform it would have taken, not the next one.
+    logits = np.random.default_rng(6).standard_normal((2, 800)).astype(np.float32)
+    logits[1, 3] = np.nan
+    states = [state(SamplingParams(temperature=1.0, top_p=0.9, seed=7)), state(SamplingParams(**bad))]
+    with pytest.raises(ValueError, match="NaN"):
+        Sampler().sample(logits, states)
+    assert states[0].rng.random() == state(SamplingParams(seed=7)).rng.random()
+
+
 def test_a_token_reports_one_logprob_as_chosen_and_among_the_top():
     rng = np.random.default_rng(8)
     logits = rng.standard_normal((8, 3000)).astype(np.float32) * 4
