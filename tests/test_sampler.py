@@ -309,15 +309,18 @@ def test_a_row_without_a_finite_best_logit_raises_rather_than_draw_a_token(param
 
 @pytest.mark.parametrize("bad", [dict(temperature=0.0), dict(temperature=1.0, seed=8), dict(temperature=0.5, top_k=1)])
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_a_row_that_cannot_be_sampled_moves_no_generator(bad):
+def test_a_batch_that_raised_leaves_its_seeded_rows_drawing_as_undisturbed(bad):
     # The engine samples each request alone after the batch raises: a seeded neighbour must then
-    # take the uniform it would have taken, not the next one.
+    # take the uniform it would have taken, not the next one, on this step and every later one.
     logits = np.random.default_rng(6).standard_normal((2, 800)).astype(np.float32)
     logits[1, 3] = np.nan
-    states = [state(SamplingParams(temperature=1.0, top_p=0.9, seed=7)), state(SamplingParams(**bad))]
+    params = SamplingParams(temperature=1.0, top_p=0.9, seed=7)
+    states = [state(params), state(SamplingParams(**bad))]
     with pytest.raises(ValueError, match="NaN"):
         Sampler().sample(logits, states)
-    assert states[0].rng.random() == state(SamplingParams(seed=7)).rng.random()
+    undisturbed = state(params)
+    for _ in range(20):
+        assert sample(logits[:1], [states[0]]) == sample(logits[:1], [undisturbed])
 
 
 def test_a_token_reports_one_logprob_as_chosen_and_among_the_top():

@@ -42,9 +42,21 @@ class SamplingState:
     eos_token_ids: tuple[int, ...] = ()
     grammar: GrammarState | None = None  # the structured-output constraint; its owner advances it
     rng: np.random.Generator = field(init=False, repr=False)
+    _uniform: float | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.rng = make_rng(self.params.seed)
+
+    def uniform(self) -> float:
+        """This step's uniform. It stays this step's until a sample() returns with it, so a
+        batch that raised, sampled again request by request, draws every seeded row as it would
+        have been drawn undisturbed."""
+        if self._uniform is None:
+            self._uniform = self.rng.random()
+        return self._uniform
+
+    def used_uniform(self) -> None:
+        self._uniform = None
 
 
 @dataclass
@@ -70,6 +82,9 @@ class Sampler:
         greedy = np.array([p.is_greedy for p in params], dtype=bool)
         top_k = np.array([p.top_k if 0 < p.top_k < vocab else 0 for p in params])
         top_p = np.array([p.top_p for p in params])
+        # Drawn before top_k=1 rows are routed to argmax, so that every random row takes one
+        # uniform per step whatever its filters.
+        u = np.array([0.0 if g else r.uniform() for r, g in zip(rows, greedy)])
         temperature = np.array([p.temperature for p in params], dtype=np.float32)
         min_p = np.array([p.min_p for p in params])
 
@@ -80,19 +95,16 @@ class Sampler:
             tokens[sel] = (work if len(sel) == len(rows) else work[sel]).argmax(axis=1)
             _require_finite(_best_of(work, sel, tokens[sel]))
         sel = np.flatnonzero(~greedy & (top_k != 1))
-        x = work if len(sel) == len(rows) else work[sel]
-        peak = x.max(axis=1)
-        _require_finite(peak.tolist())
-        # Only now, with every row checked, does a generator move: a request failed for its
-        # logits leaves its seeded neighbours' draws, taken again alone, as they were. Every
-        # random row, top_k=1 ones too, takes one uniform per step whatever its filters.
-        u = np.array([0.0 if g else r.rng.random() for r, g in zip(rows, greedy)])
         if len(sel):
-            args = (peak, temperature[sel], min_p[sel], top_k[sel], top_p[sel], u[sel])
+            x = work if len(sel) == len(rows) else work[sel]
+            args = (temperature[sel], min_p[sel], top_k[sel], top_p[sel], u[sel])
             step = max(1, _SLICE // x.shape[1])  # 64 x 152k at once: 16 ms; in slices of 6 rows: 11
             for i in range(0, len(sel), step):
                 tokens[sel[i:i + step]] = _draw(x[i:i + step], *(a[i:i + step] for a in args))
-        return _with_logprobs(logits, tokens, rows)
+        out = _with_logprobs(logits, tokens, rows)
+        for r in rows:
+            r.used_uniform()
+        return out
 
 
 def _weights(logits: np.ndarray, peak: np.ndarray, temperature: np.ndarray, min_p: np.ndarray) -> np.ndarray:
@@ -235,10 +247,9 @@ def _rank_in_row(row: np.ndarray, n: int) -> np.ndarray:
     return np.arange(len(row)) - _row_starts(row, n)[row]
 
 
-def _draw(logits: np.ndarray, peak: np.ndarray, temperature: np.ndarray, min_p: np.ndarray, top_k: np.ndarray,
+def _draw(logits: np.ndarray, temperature: np.ndarray, min_p: np.ndarray, top_k: np.ndarray,
           top_p: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """One token per row of logits [n, V] whose largest is `peak`, at uniform u, after min_p,
-    top_k (0: off), top_p.
+    """One token per row of logits [n, V] at uniform u, after min_p, top_k (0: off), top_p.
 
     A row without top_k needs every token's weight, to draw from or as top_p's whole; a top_k
     row only its k best's. And a row's k best, or its nucleus, are nearly always a few dozen
@@ -246,6 +257,8 @@ def _draw(logits: np.ndarray, peak: np.ndarray, temperature: np.ndarray, min_p: 
     looking lower only while they fall short (fewer than k, or less than top_p of the row's
     weight). Ranking each row's whole vocabulary cost 40-60 ms a step at 64 x 49k."""
     n = len(logits)
+    peak = logits.max(axis=1)  # a slice's first pass: it brings the slice into cache for the rest
+    _require_finite(peak.tolist())
     tokens = np.empty(n, dtype=np.int64)
     total = np.zeros(n)
     full = np.flatnonzero(top_k == 0)
