@@ -289,12 +289,12 @@ def test_logprobs_are_the_raw_log_softmax():
 @pytest.mark.parametrize("params", [dict(temperature=0.0), dict(temperature=1.0), dict(temperature=0.8, top_p=0.9),
                                     dict(temperature=0.8, top_k=5), dict(temperature=0.8, top_k=1),
                                     dict(temperature=0.0, logprobs=2)])
-@pytest.mark.parametrize("poison, reason", [(np.nan, "NaN"), (np.inf, "infinity"), (None, "every token is excluded")])
+@pytest.mark.parametrize("poison, reason", [(np.nan, "NaN"), (None, "every token is excluded")])
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-def test_a_row_without_a_finite_best_logit_raises_rather_than_draw_a_token(params, poison, reason):
-    # Before: argmax returned the NaN's or inf's column as if chosen, temperature 1 drew token 0,
-    # top_p / top_k raised an IndexError; now a clear error, which the engine confines to the
-    # request whose row it is (test_fault_isolation).
+def test_a_row_with_nan_or_nothing_allowed_raises_rather_than_draw_a_token(params, poison, reason):
+    # Before: argmax returned the NaN's column as if chosen, temperature 1 drew token 0, top_p /
+    # top_k raised an IndexError; now a clear error, which the engine confines to the request
+    # whose row it is (test_fault_isolation).
     logits = np.random.default_rng(3).standard_normal((3, 800)).astype(np.float32)
     if poison is None:
         logits[1] = -np.inf
@@ -305,6 +305,20 @@ def test_a_row_without_a_finite_best_logit_raises_rather_than_draw_a_token(param
         Sampler().sample(logits, states)
     out = Sampler().sample(logits[[0, 2]], [states[0], states[2]])  # the others alone are fine
     assert np.isfinite(logits[[0, 2]][[0, 1], out.token_ids]).all()
+
+
+@pytest.mark.parametrize("params", [dict(temperature=0.0), dict(temperature=1.0), dict(temperature=0.8, top_p=0.9),
+                                    dict(temperature=0.8, top_k=5), dict(temperature=0.8, min_p=0.1)])
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_a_penalty_that_overflows_a_logit_makes_its_token_certain(params):
+    # A repetition_penalty near 0 divides a positive logit past float32's range: +inf is the
+    # draw's limit as that logit grows, so the token (the first of equals) is taken, not refused.
+    logits = np.random.default_rng(9).standard_normal((3, 800)).astype(np.float32)
+    logits[1, [40, 70]] = [2.0, 3.0]
+    states = [state(SamplingParams(**params)), state(SamplingParams(repetition_penalty=5e-324, **params), prompt=[70, 40]),
+              state(SamplingParams(**params))]
+    tokens = sample(logits, states)
+    assert tokens[1] == 40 and np.isfinite(logits[[0, 2]][[0, 1], tokens[[0, 2]]]).all()
 
 
 @pytest.mark.parametrize("bad", [dict(temperature=0.0), dict(temperature=1.0, seed=8), dict(temperature=0.5, top_k=1)])

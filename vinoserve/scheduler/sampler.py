@@ -76,7 +76,7 @@ class Sampler:
         params = [r.params for r in rows]
         if all(p.is_greedy for p in params):  # the common batch: skip building the filters' arrays
             tokens = work.argmax(axis=1)
-            _require_finite(_best_of(work, np.arange(len(rows)), tokens))
+            _require_sampleable(_best_of(work, np.arange(len(rows)), tokens))
             return _with_logprobs(logits, tokens, rows)
         vocab = work.shape[1]
         greedy = np.array([p.is_greedy for p in params], dtype=bool)
@@ -93,7 +93,7 @@ class Sampler:
         sel = np.flatnonzero(greedy | (top_k == 1))
         if len(sel):
             tokens[sel] = (work if len(sel) == len(rows) else work[sel]).argmax(axis=1)
-            _require_finite(_best_of(work, sel, tokens[sel]))
+            _require_sampleable(_best_of(work, sel, tokens[sel]))
         sel = np.flatnonzero(~greedy & (top_k != 1))
         if len(sel):
             x = work if len(sel) == len(rows) else work[sel]
@@ -127,15 +127,15 @@ def _best_of(work: np.ndarray, rows: np.ndarray, tokens: np.ndarray) -> list[flo
     return [work.item(r, t) for r, t in zip(rows.tolist(), tokens.tolist())]
 
 
-def _require_finite(best: list[float]) -> None:
-    """Raises for a batch with a row whose best logit is not finite: nothing can be drawn from
-    it (argmax and max both return NaN for a row holding one). The engine then samples each
-    request alone and fails only that one."""
-    bad = next((b for b in best if not math.isfinite(b)), None)
+def _require_sampleable(best: list[float]) -> None:
+    """Raises for a batch with a row whose best logit is NaN (argmax and max both return NaN for
+    a row holding one) or -inf (every token excluded): nothing can be drawn from it. The engine
+    then samples each request alone and fails only that one. (+inf is a token made certain, by a
+    repetition_penalty near 0 for one: argmax takes it, and so does _draw.)"""
+    bad = next((b for b in best if math.isnan(b) or b == -math.inf), None)
     if bad is not None:
-        raise ValueError("no token can be sampled: " + (
-            "the model's logits are NaN" if math.isnan(bad) else "a logit overflowed to infinity"
-            if bad > 0 else "every token is excluded (by logit_bias, min_tokens or the grammar)"))
+        raise ValueError("no token can be sampled: " + ("the model's logits are NaN" if math.isnan(bad) else
+                         "every token is excluded (by logit_bias, min_tokens or the grammar)"))
 
 
 def _penalise(logits: np.ndarray, rows: Sequence[SamplingState]) -> np.ndarray:
@@ -258,7 +258,14 @@ def _draw(logits: np.ndarray, temperature: np.ndarray, min_p: np.ndarray, top_k:
     weight). Ranking each row's whole vocabulary cost 40-60 ms a step at 64 x 49k."""
     n = len(logits)
     peak = logits.max(axis=1)  # a slice's first pass: it brings the slice into cache for the rest
-    _require_finite(peak.tolist())
+    _require_sampleable(peak.tolist())
+    certain = np.isposinf(peak)
+    if certain.any():  # the draw's limit as a logit grows: that token (the first of equals, as argmax)
+        tokens = logits.argmax(axis=1)
+        rest = np.flatnonzero(~certain)
+        if len(rest):
+            tokens[rest] = _draw(logits[rest], *(a[rest] for a in (temperature, min_p, top_k, top_p, u)))
+        return tokens
     tokens = np.empty(n, dtype=np.int64)
     total = np.zeros(n)
     full = np.flatnonzero(top_k == 0)
