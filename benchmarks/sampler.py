@@ -84,6 +84,7 @@ def main() -> None:
     ap.add_argument("--logits", default=None, help="real logits saved by --save-logits (their vocabulary)")
     ap.add_argument("--save-logits", default=None, help="run the default model and save real logits here")
     ap.add_argument("--cold", action="store_true", help="evict the caches before every call, as a step does")
+    ap.add_argument("--prompt-len", type=int, default=300, help="prompt tokens per row (what penalties read)")
     args = ap.parse_args()
     if args.save_logits:
         save_real_logits(args.save_logits, args.rows)
@@ -93,10 +94,11 @@ def main() -> None:
     flush = np.ones(256 << 20, dtype=np.uint8) if args.cold else None
     modules = {"this": current, **({"compared": load(args.compare)} if args.compare else {})}
     for name, kw in SETTINGS:
+        history = np.random.default_rng(1)
         times = {}
         for label, mod in modules.items():
-            states = [mod.SamplingState(SamplingParams(max_tokens=16, **kw), list(range(300)), list(range(50)))
-                      for _ in range(rows)]
+            states = [mod.SamplingState(SamplingParams(max_tokens=16, **kw), list(history.integers(0, vocab, args.prompt_len)),
+                                        list(range(50))) for _ in range(rows)]
             times[label] = (mod.Sampler(), states, [])
         for call in range(args.calls):
             # Who goes first alternates: the first to read a step's logits takes them from memory.

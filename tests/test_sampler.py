@@ -8,6 +8,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from vinoserve.scheduler.penalties import penalise
 from vinoserve.scheduler.sampler import Sampler, SamplingState, make_rng
 from vinoserve.scheduler.sampling_params import SamplingParams
 
@@ -151,6 +152,28 @@ def test_presence_and_frequency_penalties_hit_output_tokens_only():
     assert sample([[1.0, 0.9, 0.0]], [state(greedy, prompt=[0] * 50)])[0] == 0
     pull = SamplingParams(temperature=0, presence_penalty=-0.2)
     assert sample([[1.0, 0.9, 0.0]], [state(pull, output=[1])])[0] == 1
+
+
+def test_penalties_follow_an_output_as_it_grows():
+    # The tallies behind the penalties are kept step by step; each step must penalise exactly as a
+    # recount of the prompt and the whole output would (a reference written out here).
+    rng = np.random.default_rng(11)
+    logits = (rng.standard_normal((2, 300)) * 3).astype(np.float32)
+    params = [SamplingParams(repetition_penalty=1.7, presence_penalty=0.4, frequency_penalty=0.3),
+              SamplingParams(frequency_penalty=-0.5)]
+    states = [state(p, prompt=list(rng.integers(0, 300, 40))) for p in params]
+    for step in range(60):
+        for s in states:  # tokens that recur, and enough new ones to outgrow the tallies' first arrays
+            s.output_token_ids.append(int(rng.integers(0, 300 if step % 2 else 30)))
+        got = penalise(logits, states)
+        for row, s in enumerate(states):
+            x = logits[row].astype(np.float64)
+            seen = np.unique(np.concatenate([s.prompt_token_ids, s.output_token_ids]).astype(int))
+            if s.params.repetition_penalty != 1.0:
+                x[seen] = np.where(x[seen] > 0, x[seen] / s.params.repetition_penalty, x[seen] * s.params.repetition_penalty)
+            counts = np.bincount(s.output_token_ids, minlength=300)
+            x -= s.params.presence_penalty * (counts > 0) + s.params.frequency_penalty * counts
+            np.testing.assert_allclose(got[row], x, rtol=1e-6, atol=1e-5)  # float32 against float64
 
 
 @pytest.mark.parametrize("ignore_eos", [False, True])

@@ -10,11 +10,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
 
 import numpy as np
 
 from vinoserve.scheduler.grammar import GrammarState, apply_grammar_masks
+from vinoserve.scheduler.penalties import TokenTally, penalise
 from vinoserve.scheduler.sampling_params import SamplingParams
 
 _BLOCK = 1024  # columns per first-level block of the inverse CDF
@@ -42,6 +42,7 @@ class SamplingState:
     eos_token_ids: tuple[int, ...] = ()
     grammar: GrammarState | None = None  # the structured-output constraint; its owner advances it
     rng: np.random.Generator = field(init=False, repr=False)
+    tally: TokenTally | None = field(default=None, init=False, repr=False)  # kept by the penalties
     _uniform: float | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -72,7 +73,7 @@ class Sampler:
         logits = np.asarray(logits, dtype=np.float32)
         if logits.ndim != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits {logits.shape} do not match {len(rows)} rows")
-        work = _constrain(_penalise(logits, rows), logits, rows)
+        work = _constrain(penalise(logits, rows), logits, rows)
         params = [r.params for r in rows]
         if all(p.is_greedy for p in params):  # the common batch: skip building the filters' arrays
             tokens = work.argmax(axis=1)
@@ -138,32 +139,6 @@ def _require_sampleable(best: list[float]) -> None:
                          "every token is excluded (by logit_bias, min_tokens or the grammar)"))
 
 
-def _penalise(logits: np.ndarray, rows: Sequence[SamplingState]) -> np.ndarray:
-    """Logits after repetition/presence/frequency penalties and min_tokens masking."""
-    rep = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0]
-    add = [i for i, r in enumerate(rows) if r.params.presence_penalty or r.params.frequency_penalty]
-    ban = [i for i, r in enumerate(rows) if len(r.output_token_ids) < r.params.min_tokens]
-    if not (rep or add or ban):
-        return logits  # the common case: no copy
-    work = logits.copy()
-    vocab = logits.shape[1]
-    if rep:
-        lists = [rows[i].prompt_token_ids for i in rep] + [rows[i].output_token_ids for i in rep]
-        r, c, _ = _token_counts(rep + rep, lists, vocab)
-        penalty = np.array([p.params.repetition_penalty for p in rows])[r]
-        seen = work[r, c]
-        work[r, c] = np.where(seen > 0, seen / penalty, seen * penalty)
-    if add:
-        r, c, count = _token_counts(add, [rows[i].output_token_ids for i in add], vocab)
-        presence = np.array([p.params.presence_penalty for p in rows])[r]
-        frequency = np.array([p.params.frequency_penalty for p in rows])[r]
-        work[r, c] -= presence + frequency * count
-    for i in ban:
-        stop = rows[i].eos_token_ids + rows[i].params.stop_token_ids
-        work[i, list(stop)] = -np.inf
-    return work
-
-
 def _constrain(work: np.ndarray, logits: np.ndarray, rows: Sequence[SamplingState]) -> np.ndarray:
     """`work` after logit_bias and grammar masks; copied first if it is still the raw logits,
     which logprobs report unconstrained."""
@@ -179,15 +154,6 @@ def _constrain(work: np.ndarray, logits: np.ndarray, rows: Sequence[SamplingStat
     if guided:
         apply_grammar_masks(work, guided, [rows[i].grammar for i in guided])
     return work
-
-
-def _token_counts(row_of_list: list[int], lists: list[Sequence[int]],
-                  vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Distinct (row, token) pairs over all lists, with how often each occurs."""
-    lengths = [len(t) for t in lists]
-    tokens = np.fromiter(chain.from_iterable(lists), dtype=np.int64, count=sum(lengths))
-    keys, counts = np.unique(np.repeat(row_of_list, lengths) * vocab + tokens, return_counts=True)
-    return keys // vocab, keys % vocab, counts
 
 
 def _top_sorted(values: np.ndarray, k: int) -> np.ndarray:
