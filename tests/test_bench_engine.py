@@ -15,11 +15,11 @@ def test_precision_and_sampling_flags_reach_both_engines(tmp_path):
     run = subprocess.run([sys.executable, "-m", "vinoserve.cli", "bench", "engine", "--model", str(gguf),
                           "--prompts", "2", "--input-len", "16", "--output-len", "4",
                           "--inference-precision", "f32", "--kv-cache-precision", "f16", "--repeats", "2",
-                          "--temperature", "0.8", "--top-p", "0.9", "--top-k", "20"],
+                          "--temperature", "0.8", "--top-p", "0.9", "--top-k", "20", "--repetition-penalty", "1.05"],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     out = run.stdout
-    assert re.search(r"^model .*, sampled at temperature 0\.8, top_p 0\.9, top_k 20$", out, re.M), out
+    assert re.search(r"^model .*, sampled at temperature 0\.8, top_p 0\.9, top_k 20, repetition_penalty 1\.05$", out, re.M), out
     # f32 compute: the plugin never fuses projections itself then, so vinoserve does on every CPU
     assert re.search(r"^vinoserve .*f32 inference, f16 KV, q/k/v fused\)$", out, re.M), out
     assert re.search(r"^openvino-genai .*f32 inference, f16 KV\)$", out, re.M), out

@@ -13,6 +13,8 @@ in turn N times; figures are medians and the ratio is the median of the N paired
     vinoserve bench engine --model qwen2-0.5b-random --prompts 16 --input-len 128
     vinoserve bench engine --prompts 1 --kv-cache-precision bf16
     vinoserve bench engine --prompts 64 --temperature 0.8 --top-p 0.95   # sampled, as chat traffic is
+    vinoserve bench engine --prompts 16 --input-len 2048 --temperature 0.7 --top-p 0.8 --top-k 20 \
+        --repetition-penalty 1.05                                          # Qwen's defaults, long prompts
 """
 from __future__ import annotations
 
@@ -49,17 +51,19 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0  # 0: off
     seed: int = 0
+    repetition_penalty: float = 1.0  # greedy or sampled, as in both engines
 
     def params(self, max_tokens: int, seed_offset: int = 0) -> SamplingParams:
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
                               top_k=self.top_k, seed=self.seed + seed_offset if self.temperature else None,
-                              ignore_eos=True)
+                              repetition_penalty=self.repetition_penalty, ignore_eos=True)
 
     def genai_config(self, max_tokens: int):
         import openvino_genai as genai
 
         cfg = genai.GenerationConfig()
         cfg.max_new_tokens, cfg.ignore_eos, cfg.do_sample = max_tokens, True, self.temperature > 0
+        cfg.repetition_penalty = self.repetition_penalty
         if self.temperature > 0:
             cfg.temperature, cfg.top_p, cfg.rng_seed = self.temperature, self.top_p, self.seed
             if self.top_k:
@@ -238,6 +242,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--top-p", type=float, default=1.0, help="with --temperature, for both engines")
     ap.add_argument("--top-k", type=int, default=0, help="with --temperature, for both engines (0: off)")
     ap.add_argument("--seed", type=int, default=0, help="with --temperature: each engine's sampling seed")
+    ap.add_argument("--repetition-penalty", type=float, default=1.0,
+                    help="for both engines, over each sequence's prompt and output (default 1: off)")
     ap.add_argument("--overlap-steps", action=argparse.BooleanOptionalAction, default=True,
                     help="vinoserve sets up each step while the one before computes (default: on)")
 
@@ -265,10 +271,11 @@ def main(args: argparse.Namespace) -> None:
     print(f"model {model_dir.name}: {args.prompts} prompts x ({args.input_len} in, {args.output_len} out), "
           f"max_num_batched_tokens {args.max_num_batched_tokens}, {os.cpu_count()} CPUs, "
           + (f"sampled at temperature {args.temperature}, top_p {args.top_p}, top_k {args.top_k or 'off'}"
-             if args.temperature else "greedy"))
+             if args.temperature else "greedy")
+          + (f", repetition_penalty {args.repetition_penalty}" if args.repetition_penalty != 1.0 else ""))
     precision = CompileOptions(inference_precision=args.inference_precision,
                                kv_cache_precision=args.kv_cache_precision, fuse_projections=args.fuse_projections)
-    sampling = Sampling(args.temperature, args.top_p, args.top_k, args.seed)
+    sampling = Sampling(args.temperature, args.top_p, args.top_k, args.seed, args.repetition_penalty)
     runners = {}
     if args.only != "genai":
         runners["vinoserve"] = vinoserve_runner(model_dir, warm_up, args.output_len, blocks,
