@@ -156,11 +156,12 @@ def _constrain(work: np.ndarray, logits: np.ndarray, rows: Sequence[SamplingStat
     return work
 
 
-def _top_sorted(values: np.ndarray, k: int) -> np.ndarray:
-    """Indices [n, k] of each row's k largest values (k <= W), largest first, ties in column order."""
+def _top_sorted(values: np.ndarray, peak: np.ndarray, k: int) -> np.ndarray:
+    """Indices [n, k] of each row's k largest values (k <= W), largest first, ties in column order;
+    `peak` is each row's largest."""
     n = len(values)
     best = np.empty((n, k), dtype=np.int64)
-    for rows, row, col, value in _near_best(values, values.max(axis=1), np.ones(n, dtype=np.float32),
+    for rows, row, col, value in _near_best(values, peak, np.ones(n, dtype=np.float32),
                                             lambda todo, row, value: value,
                                             lambda todo, row, value: np.bincount(row, minlength=len(todo)) >= k):
         order = _by_row_descending(row, value)
@@ -318,8 +319,7 @@ def _pick(p: np.ndarray, u: np.ndarray) -> np.ndarray:
     return b * size + np.minimum(col, last)
 
 
-def _log_sum_exp(row: np.ndarray) -> float:
-    peak = row.max()
+def _log_sum_exp(row: np.ndarray, peak: np.float32) -> float:
     return float(peak + np.log(np.exp(row - peak).sum(dtype=np.float64)))
 
 
@@ -331,11 +331,12 @@ def _with_logprobs(logits: np.ndarray, tokens: np.ndarray, rows: Sequence[Sampli
     if not len(asked):
         return SamplerOutput(tokens, chosen, top)
     x = logits if len(asked) == len(rows) else logits[asked]
+    peak = x.max(axis=1)  # one pass, for the log-sum-exp and the top logprobs' search
     # Row by row: one row's exp stays in cache for its sum (the whole batch at once took 2x as long).
-    lse = np.array([_log_sum_exp(row) for row in x])
+    lse = np.array([_log_sum_exp(row, p) for row, p in zip(x, peak)])
     chosen[asked] = x[np.arange(len(asked)), tokens[asked]] - lse
     ks = [rows[i].params.logprobs for i in asked]
-    best = _top_sorted(x, min(max(ks), x.shape[1])) if max(ks) else None
+    best = _top_sorted(x, peak, min(max(ks), x.shape[1])) if max(ks) else None
     for j, (i, k) in enumerate(zip(asked, ks)):
         # Rounded as the chosen token's is, so a token reports one logprob wherever it appears.
         top[i] = [(int(t), float(np.float32(x[j, t] - lse[j]))) for t in best[j, :k]] if k else []
