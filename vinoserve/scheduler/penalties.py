@@ -25,8 +25,6 @@ class TokenTally:
         self._slot = dict(zip(ids.tolist(), range(len(ids))))  # token -> its place in _ids
         self._ids = _room(ids, len(ids))
         self._counts = np.zeros(len(self._ids), dtype=np.int64)  # occurrences in the output, by slot
-        self._out = np.zeros(16, dtype=np.int64)  # slots that occurred in the output, first-seen order
-        self._num_out = 0
         self._covered = 0  # output tokens counted so far
 
     def update(self, output: Sequence[int]) -> None:
@@ -38,10 +36,6 @@ class TokenTally:
                 self._ids, self._counts = _room(self._ids, slot), _room(self._counts, slot)
                 self._slot[token] = slot
                 self._ids[slot] = token
-            if not self._counts[slot]:
-                self._out = _room(self._out, self._num_out)
-                self._out[self._num_out] = slot
-                self._num_out += 1
             self._counts[slot] += 1
         self._covered = len(output)
 
@@ -52,7 +46,7 @@ class TokenTally:
 
     def output_counts(self) -> tuple[np.ndarray, np.ndarray]:
         """The distinct output tokens and how often each occurred."""
-        slots = self._out[:self._num_out]
+        slots = np.flatnonzero(self._counts[:len(self._slot)])
         return self._ids[slots], self._counts[slots]
 
 
