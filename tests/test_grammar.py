@@ -79,6 +79,22 @@ def test_sampler_masks_and_biases_rows_independently(tok, compiler):
     assert logits[0, letter] == 50.0  # the caller's logits are untouched (logprobs read them raw)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_min_tokens_holds_stops_back_only_while_the_grammar_allows_more(tok, compiler, temperature):
+    vocab = len(tok.token_bytes)
+    complete = compiler.matcher(GrammarSpec("choice", json.dumps(["yes"])))
+    feed(complete, tok, "yes")  # nothing but a stop may follow
+    open_ended = compiler.matcher(GrammarSpec("regex", "yes( no)*"))
+    feed(open_ended, tok, "yes")  # may stop, or go on
+    logits = np.zeros((2, vocab), np.float32)
+    logits[:, STOPS[0]] = 50.0  # the model wants to stop
+    params = SamplingParams(temperature=temperature, min_tokens=10, seed=1)
+    rows = [SamplingState(params, [1], [5], STOPS, complete), SamplingState(params, [1], [5], STOPS, open_ended)]
+    out = Sampler().sample(logits, rows).token_ids
+    assert out[0] in STOPS  # the grammar wins: any other token would break the output
+    assert out[1] in set(allowed(open_ended, vocab)) - set(STOPS)  # min_tokens holds the stop back
+
+
 @pytest.mark.parametrize("spec", [GrammarSpec.json_schema({"type": "nonsense"}), GrammarSpec("regex", "a(b"),
                                   GrammarSpec("lark", "root ::= missing"), GrammarSpec("choice", "[]")])
 def test_bad_specs_raise_value_error(compiler, spec):

@@ -141,6 +141,23 @@ def test_vllm_structured_outputs_regex_choice_grammar(api_client, api_server):
     assert re.fullmatch("[0-9]{2}", done["choices"][0]["text"]) and done["choices"][0]["finish_reason"] == "stop"
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_min_tokens_never_breaks_a_complete_output(api_client, temperature):
+    """min_tokens beyond what the grammar allows: the output ends valid, at the grammar's end."""
+    body = dict(model="smollm2-135m-instruct", messages=ASK, max_tokens=40, temperature=temperature, seed=1,
+                logprobs=True)
+    done = api_client.chat.completions.create(extra_body={"min_tokens": 12, "structured_outputs": {
+        "choice": ["yes", "no"]}}, **body)
+    assert done.choices[0].finish_reason == "stop"
+    assert done.choices[0].message.content in ("yes", "no")
+    tokens = "".join(t.token for t in done.choices[0].logprobs.content)
+    assert tokens == done.choices[0].message.content + "<|im_end|>"  # no forbidden token hidden before the stop
+    done = api_client.chat.completions.create(extra_body={"min_tokens": 30}, response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "boolean"}}}, **body)
+    assert done.choices[0].finish_reason == "stop"
+    assert json.loads(done.choices[0].message.content) in (True, False)
+
+
 @pytest.mark.parametrize("body, needle", [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wibble"}}}},
      "wibble"),

@@ -1,5 +1,4 @@
-"""Repetition, presence and frequency penalties and min_tokens masking, from per-sequence tallies
-kept as the output grows.
+"""Repetition, presence and frequency penalties, from per-sequence tallies kept as the output grows.
 
 A repetition penalty reads every distinct token of a sequence's prompt and output. Recounting them
 each step (np.unique over every row's prompt and output) took 14 ms a step at 64 sequences of 2,000
@@ -65,17 +64,15 @@ class PenalisedRow(Protocol):
     params: SamplingParams
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
-    eos_token_ids: tuple[int, ...]
     tally: TokenTally | None
 
 
 def penalise(logits: np.ndarray, rows: Sequence[PenalisedRow]) -> np.ndarray:
-    """Logits after repetition/presence/frequency penalties and min_tokens masking: a copy if any
-    applies, else `logits` itself."""
+    """Logits after repetition/presence/frequency penalties: a copy if any applies, else `logits`
+    itself."""
     rep = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0]
     add = [i for i, r in enumerate(rows) if r.params.presence_penalty or r.params.frequency_penalty]
-    ban = [i for i, r in enumerate(rows) if len(r.output_token_ids) < r.params.min_tokens]
-    if not (rep or add or ban):
+    if not (rep or add):
         return logits  # the common case: no copy
     work = logits.copy()
     for i in rep:  # row by row: one row's logits stay in cache, and no (row, column) pairs to build
@@ -85,9 +82,6 @@ def penalise(logits: np.ndarray, rows: Sequence[PenalisedRow]) -> np.ndarray:
     for i in add:
         (ids, counts), params = _tally(rows[i]).output_counts(), rows[i].params
         work[i, ids] -= params.presence_penalty + params.frequency_penalty * counts
-    for i in ban:
-        stop = rows[i].eos_token_ids + rows[i].params.stop_token_ids
-        work[i, list(stop)] = -np.inf
     return work
 
 

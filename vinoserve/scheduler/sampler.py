@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vinoserve.scheduler.grammar import GrammarState, apply_grammar_masks
+from vinoserve.scheduler.grammar import FORBIDDEN, GrammarState, apply_grammar_masks
 from vinoserve.scheduler.penalties import TokenTally, penalise
 from vinoserve.scheduler.sampling_params import SamplingParams
 
@@ -140,11 +140,12 @@ def _require_sampleable(best: list[float]) -> None:
 
 
 def _constrain(work: np.ndarray, logits: np.ndarray, rows: Sequence[SamplingState]) -> np.ndarray:
-    """`work` after logit_bias and grammar masks; copied first if it is still the raw logits,
-    which logprobs report unconstrained."""
+    """`work` after logit_bias, grammar masks and min_tokens; copied first if it is still the raw
+    logits, which logprobs report unconstrained."""
     biased = [i for i, r in enumerate(rows) if r.params.logit_bias]
     guided = [i for i, r in enumerate(rows) if r.grammar is not None]
-    if not (biased or guided):
+    early = [i for i, r in enumerate(rows) if len(r.output_token_ids) < r.params.min_tokens]
+    if not (biased or guided or early):
         return work
     if work is logits:
         work = logits.copy()
@@ -153,7 +154,20 @@ def _constrain(work: np.ndarray, logits: np.ndarray, rows: Sequence[SamplingStat
         work[i, list(ids)] += np.array(bias, dtype=np.float32)
     if guided:
         apply_grammar_masks(work, guided, [rows[i].grammar for i in guided])
+    for i in early:
+        _hold_back_stops(work[i], rows[i])
     return work
+
+
+def _hold_back_stops(row: np.ndarray, state: SamplingState) -> None:
+    """min_tokens: the stop tokens out of reach, unless the row's grammar allows nothing else (a
+    complete JSON value, say). The output must stay valid, so there the grammar wins; holding the
+    stops back as well left only forbidden tokens to pick from."""
+    stops = list(state.eos_token_ids + state.params.stop_token_ids)
+    held = row[stops]
+    row[stops] = -np.inf
+    if state.grammar is not None and row.max() <= FORBIDDEN:
+        row[stops] = held
 
 
 def _top_sorted(values: np.ndarray, peak: np.ndarray, k: int) -> np.ndarray:
