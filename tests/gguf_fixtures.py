@@ -55,7 +55,8 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_gguf(model, path: Path, arch: str = "llama", rope_freq_factors: np.ndarray | None = None,
-               linear_scaling: float | None = None) -> Path:
+               linear_scaling: float | None = None, q8_0: tuple[str, ...] = ()) -> Path:
+    """`q8_0`: GGUF tensor names to store as Q8_0 blocks (the rest: matrices f16, vectors f32)."""
     cfg = model.config
     gguf_arch = "qwen2" if arch == "qwen2" else "llama"  # Mistral GGUFs use the llama architecture
     w = gguf.GGUFWriter(str(path), gguf_arch)
@@ -105,6 +106,10 @@ def write_gguf(model, path: Path, arch: str = "llama", rope_freq_factors: np.nda
                 a = _permute(a, cfg.num_attention_heads)
             elif permute and module == "self_attn.k_proj":
                 a = _permute(a, cfg.num_key_value_heads)
+        if out in q8_0:
+            w.add_tensor(out, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
+                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            continue
         # llama.cpp keeps 1-D tensors (norms, biases) in f32, matrices in f16.
         w.add_tensor(out, a.astype(np.float16 if a.ndim == 2 else np.float32))
     if rope_freq_factors is not None:

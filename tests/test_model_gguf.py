@@ -123,6 +123,36 @@ def test_int8_weights_are_compressed_and_exact(tmp_path):
     assert (got.argmax(-1) == _hf_logits(hf, ids).argmax(-1)).mean() > 0.8
 
 
+def _constant_types(graph, name: str) -> set[str]:
+    return {n.get_element_type().get_type_name() for n in graph.get_ordered_ops()
+            if n.get_type_name() == "Constant" and n.get_friendly_name() == name}
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_a_q8_0_token_table_stays_8bit_with_its_values_exactly(tie, tmp_path):
+    """A Q8_0 table (llama.cpp's usual for it) is kept as its int8 blocks in the f16 format: the
+    graph computes exactly what the f32 graph of the same GGUF does, from half the bytes of f16.
+    A table that is not such blocks stays f16."""
+    hf = tiny_hf_model("llama", heads=4, kv_heads=2, tie=tie)
+    tables = ("token_embd.weight",) if tie else ("token_embd.weight", "output.weight")
+    src = GGUFModel.open(write_gguf(hf, tmp_path / "q8.gguf", q8_0=tables))
+    plain = GGUFModel.open(write_gguf(hf, tmp_path / "f16.gguf"))
+    assert _constant_types(build_model(plain.config, plain.weight, "f16"), "model.embed_tokens.weight") == {"f16"}
+    # As in the int8 test: the plugin's int8 activations (VNNI/AMX CPUs) off, so f32 compute is exact.
+    core = ov.Core()
+    core.set_property("CPU", {"DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"})
+    ids = list(range(10, 60))
+    logits = []
+    for fmt in ("f32", "f16"):
+        graph = build_model(src.config, src.weight, fmt)
+        for name in ("model.embed_tokens.weight", "lm_head.weight")[:len(tables)]:
+            assert _constant_types(graph, name) == ({"f32"} if fmt == "f32" else {"i8"}), (fmt, name)
+        model = compile_paged(graph, src.config, F32, core)
+        runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=4))
+        logits.append(runner.step([ScheduledChunk(ids, 0, [[0, 1]], num_logits=len(ids))]).logits[0].copy())
+    np.testing.assert_allclose(logits[1], logits[0], atol=1e-4, rtol=0)
+
+
 def test_llama3_rope_scaling_matches_hf_inverse_frequencies():
     hf = tiny_hf_model("llama", rope_theta=500000.0, rope_scaling=LLAMA3_SCALING)
     ours = RopeConfig(500000.0, hf.config.head_dim, scaling=LLAMA3_SCALING).inverse_frequencies()

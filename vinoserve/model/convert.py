@@ -14,7 +14,7 @@ from vinoserve.model.graph import WeightFormat, build_model
 from vinoserve.model.storage import atomic_dir, cache_root, sha256_file
 
 # Bump when the graph or the directory layout changes, so stale conversions are not reused.
-CONVERTER_VERSION = 2
+CONVERTER_VERSION = 3
 
 
 def converted_dir(gguf_path: Path, weight_format: WeightFormat, log=print) -> Path:
