@@ -47,6 +47,11 @@ class CompileOptions:
         props = {"NUM_STREAMS": "1"}  # one step at a time; let the op use all threads
         if self.inference_precision:
             props["INFERENCE_PRECISION_HINT"] = self.inference_precision
+        if self.inference_precision == "f32":
+            # f32 asked for is f32 arithmetic: on VNNI/AMX CPUs the plugin otherwise rounds the
+            # activations of every matmul with int8 weights to int8 (the f16 conversion's token
+            # table, all of int8's), moving logits by ~1% (0.46 at a scale of 40 for SmolLM2).
+            props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = "0"
         if self.kv_cache_precision:
             props["KV_CACHE_PRECISION"] = self.kv_cache_precision
         if self.num_threads:
