@@ -49,8 +49,9 @@ class _Weights:
         """The token table, or an untied LM head. In f16, one that is 8-bit blocks (GGUF's Q8_0, as
         llama.cpp commonly ships it) stays so rather than widen: the same values in half the bytes,
         and the LM head reads all of it every decode step (SmolLM2: 57 of the 262 MB a step streams;
-        one-sequence decode 7% faster). int8 keeps its per-row rows: as exact blocks they decoded
-        2-4% slower there, at the same perplexity. f32 stays plain f32 arithmetic, the reference."""
+        one-sequence decode 7% faster). int8 requantizes it per row like its layers: as exact
+        blocks it decoded 2-4% slower there, at the same perplexity. f32 stays plain f32
+        arithmetic, the reference."""
         blocks = _q8_blocks(w) if self.fmt == "f16" else None
         if blocks is None:
             return self.matrix(w, name)
