@@ -130,13 +130,15 @@ def _best_of(work: np.ndarray, rows: np.ndarray, tokens: np.ndarray) -> list[flo
 
 def _require_sampleable(best: list[float]) -> None:
     """Raises for a batch with a row whose best logit is NaN (argmax and max both return NaN for
-    a row holding one) or -inf (every token excluded): nothing can be drawn from it. The engine
-    then samples each request alone and fails only that one. (+inf is a token made certain, by a
-    repetition_penalty near 0 for one: argmax takes it, and so does _draw.)"""
+    a row holding one) or -inf (every token excluded; no API input does that now: logit_bias is
+    bounded, grammar masks are finite, min_tokens yields to a complete grammar): nothing can be
+    drawn from it. The engine then samples each request alone and fails only that one. (+inf is
+    a token made certain, by a repetition_penalty near 0 for one: argmax takes it, and so does
+    _draw.)"""
     bad = next((b for b in best if math.isnan(b) or b == -math.inf), None)
     if bad is not None:
         raise ValueError("no token can be sampled: " + ("the model's logits are NaN" if math.isnan(bad) else
-                         "every token is excluded (by logit_bias, min_tokens or the grammar)"))
+                         "every token is excluded (every logit is -inf)"))
 
 
 def _constrain(work: np.ndarray, logits: np.ndarray, rows: Sequence[SamplingState]) -> np.ndarray:
