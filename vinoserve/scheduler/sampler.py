@@ -242,16 +242,12 @@ def _draw(logits: np.ndarray, temperature: np.ndarray, min_p: np.ndarray, top_k:
     n = len(logits)
     peak = logits.max(axis=1)  # a slice's first pass: it brings the slice into cache for the rest
     _require_sampleable(peak.tolist())
+    tokens = np.empty(n, dtype=np.int64)
     certain = np.isposinf(peak)
     if certain.any():  # the draw's limit as a logit grows: that token (the first of equals, as argmax)
-        tokens = logits.argmax(axis=1)
-        rest = np.flatnonzero(~certain)
-        if len(rest):
-            tokens[rest] = _draw(logits[rest], *(a[rest] for a in (temperature, min_p, top_k, top_p, u)))
-        return tokens
-    tokens = np.empty(n, dtype=np.int64)
+        tokens[certain] = logits[certain].argmax(axis=1)
     total = np.zeros(n)
-    full = np.flatnonzero(top_k == 0)
+    full = np.flatnonzero((top_k == 0) & ~certain)
     if len(full):
         w = _weights(logits if len(full) == n else logits[full], peak[full], temperature[full], min_p[full])
         plain = top_p[full] >= 1
@@ -259,7 +255,7 @@ def _draw(logits: np.ndarray, temperature: np.ndarray, min_p: np.ndarray, top_k:
             tokens[full[plain]] = _pick(w if plain.all() else w[plain], u[full[plain]])
         if not plain.all():
             total[full[~plain]] = (w if not plain.any() else w[~plain]).sum(axis=1)
-    sel = np.flatnonzero((top_k > 0) | (top_p < 1))
+    sel = np.flatnonzero(((top_k > 0) | (top_p < 1)) & ~certain)
     if not len(sel):
         return tokens
     x = logits if len(sel) == n else logits[sel]
