@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -77,7 +78,7 @@ class Sampler:
         params = [r.params for r in rows]
         if all(p.is_greedy for p in params):  # the common batch: skip building the filters' arrays
             tokens = work.argmax(axis=1)
-            _require_sampleable(_best_of(work, np.arange(len(rows)), tokens))
+            _require_sampleable(_best_of(work, range(len(rows)), tokens))
             return _with_logprobs(logits, tokens, rows)
         vocab = work.shape[1]
         greedy = np.array([p.is_greedy for p in params], dtype=bool)
@@ -94,7 +95,7 @@ class Sampler:
         sel = np.flatnonzero(greedy | (top_k == 1))
         if len(sel):
             tokens[sel] = (work if len(sel) == len(rows) else work[sel]).argmax(axis=1)
-            _require_sampleable(_best_of(work, sel, tokens[sel]))
+            _require_sampleable(_best_of(work, sel.tolist(), tokens[sel]))
         sel = np.flatnonzero(~greedy & (top_k != 1))
         if len(sel):
             x = work if len(sel) == len(rows) else work[sel]
@@ -122,10 +123,10 @@ def _weights(logits: np.ndarray, peak: np.ndarray, temperature: np.ndarray, min_
     return w
 
 
-def _best_of(work: np.ndarray, rows: np.ndarray, tokens: np.ndarray) -> list[float]:
+def _best_of(work: np.ndarray, rows: Sequence[int], tokens: np.ndarray) -> list[float]:
     """work[rows, tokens] by scalar reads: on the greedy path, right after infer() has flushed
     the caches, numpy's fancy indexing took 75 us of a single stream's step, these 25."""
-    return [work.item(r, t) for r, t in zip(rows.tolist(), tokens.tolist())]
+    return [work.item(r, t) for r, t in zip(rows, tokens.tolist())]
 
 
 def _require_sampleable(best: list[float]) -> None:
@@ -335,13 +336,22 @@ def _log_sum_exp(row: np.ndarray, peak: np.float32) -> float:
     return float(peak + np.log(np.exp(row - peak).sum(dtype=np.float64)))
 
 
+@lru_cache(maxsize=8)
+def _unasked(n: int) -> np.ndarray:
+    """n NaN logprobs, read-only and shared: between two steps even np.full costs ~8 us."""
+    nan = np.full(n, np.nan, dtype=np.float32)
+    nan.flags.writeable = False
+    return nan
+
+
 def _with_logprobs(logits: np.ndarray, tokens: np.ndarray, rows: Sequence[SamplingState]) -> SamplerOutput:
     # Only rows that asked pay for the log-softmax: an exp over V costs more than a greedy step.
-    chosen = np.full(len(rows), np.nan, dtype=np.float32)
     top: list[list[tuple[int, float]] | None] = [None] * len(rows)
-    asked = np.array([i for i, r in enumerate(rows) if r.params.logprobs is not None], dtype=np.int64)
-    if not len(asked):
+    asked = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+    chosen = _unasked(len(rows))
+    if not asked:
         return SamplerOutput(tokens, chosen, top)
+    asked, chosen = np.array(asked, dtype=np.int64), chosen.copy()
     x = logits if len(asked) == len(rows) else logits[asked]
     peak = x.max(axis=1)  # one pass, for the log-sum-exp and the top logprobs' search
     # Row by row: one row's exp stays in cache for its sum (the whole batch at once took 2x as long).
