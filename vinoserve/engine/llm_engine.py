@@ -87,7 +87,7 @@ class _Launch:
     chunks: list[ScheduledChunk]
     prepared: PreparedStep
     waiting_on: list[Sequence]  # whose last input token the step before it is still sampling
-    sampling: list[tuple[_Request, int, int]]  # (request, its logits row, 0) for each chunk that samples
+    sampling: list[tuple[_Request, int, int]]  # see _sampling_rows (no proposals when overlapped)
     every_row: bool  # the sampling rows are all the logits rows, in order
     computed: list[tuple[Sequence, int]] = field(default_factory=list)  # each one's computed tokens once it ran
 
@@ -279,11 +279,7 @@ class LLMEngine:
         self.scheduler.cache_computed(computed)
         if any(r.prompt_logprobs is not None for r in reqs):
             self._collect_prompt_logprobs(computed, reqs, chunks, result.logits)
-        # Each sampling chunk's rows end with its own row and one per proposal; the first of
-        # those is sampled first.
-        ends = np.cumsum([c.num_logits for c in chunks])
-        sampling = [(r, int(end) - 1 - s.num_drafts, s.num_drafts)
-                    for s, r, end in zip(plan.scheduled, reqs, ends) if s.samples]
+        sampling, _ = _sampling_rows(plan, reqs, chunks)
         outputs = self._sample_and_verify(result.rows, self._fork_choices(sampling, now)) if sampling else []
         if result.scores is not None:  # after verification: the scores of rejected proposals' keys go
             self._collect_scores(chunks, reqs, result.scores)
@@ -312,7 +308,6 @@ class LLMEngine:
         result = self.runner.wait(flight.prepared)
         if any(r.prompt_logprobs is not None for r in flight.reqs):
             self._collect_prompt_logprobs(flight.computed, flight.reqs, flight.chunks, result.logits)
-        # Planned with the step: between two steps every numpy call runs on cold caches (~8 us each).
         live = [x for x in flight.sampling if not x[0].seq.status.is_finished]
         sampling = self._fork_choices(live, time.monotonic())
         # All the rows in order (no copy: 12.6 MB at 64 x 49k) unless a sequence ended or a choice joined.
@@ -343,13 +338,9 @@ class LLMEngine:
         reqs = [self._requests[s.seq.request_id] for s in plan.scheduled]
         chunks = [self._chunk(s, r) for s, r in zip(plan.scheduled, reqs)]
         waiting_on = [s.seq for s, c in zip(plan.scheduled, chunks) if c.token_ids[-1] < 0]
-        sampling, end = [], 0
-        for s, r, c in zip(plan.scheduled, reqs, chunks):
-            end += c.num_logits
-            if s.samples:
-                sampling.append((r, end - 1, 0))
+        sampling, num_rows = _sampling_rows(plan, reqs, chunks)
         return _Launch(plan, reqs, chunks, self.runner.prepare(chunks), waiting_on, sampling,
-                       every_row=len(sampling) == end)
+                       every_row=len(sampling) == num_rows)
 
     def _launch(self, launch: _Launch, tokens: dict[Sequence, int]) -> None:
         """Starts a prepared step, its placeholders filled from `tokens` (a sequence that got no
@@ -521,6 +512,20 @@ class LLMEngine:
                              finished=seq.status.is_finished, finish_reason=seq.finish_reason,
                              num_output_tokens=len(seq.output_token_ids), new_logprobs=logprobs,
                              metrics=req.metrics, num_cached_tokens=seq.num_cached_prompt_tokens)
+
+
+def _sampling_rows(plan: SchedulerOutput, reqs: list[_Request],
+                   chunks: list[ScheduledChunk]) -> tuple[list[tuple[_Request, int, int]], int]:
+    """(request, the first logits row it samples, its proposals) for each chunk that samples, and
+    the step's number of logits rows. A sampling chunk's rows end with its own row and one per
+    proposal; the first of those is sampled first. Python only: in the overlapped loop this runs
+    while a step computes, where numpy calls between two steps each cost ~8 us."""
+    sampling, end = [], 0
+    for s, r, c in zip(plan.scheduled, reqs, chunks):
+        end += c.num_logits
+        if s.samples:
+            sampling.append((r, end - 1 - s.num_drafts, s.num_drafts))
+    return sampling, end
 
 
 def _rows(rows: np.ndarray, idx: np.ndarray) -> np.ndarray:

@@ -156,7 +156,7 @@ class ModelRunner:
     def start(self, step: PreparedStep, fill: Sequence[int] = ()) -> None:
         """Starts the step, with `fill` (in order) for its placeholder tokens; returns at once."""
         ids = step.inputs["input_ids"]
-        for row, token in zip(step.placeholders, fill):  # scalar stores: between steps a numpy call costs ~8 us
+        for row, token in zip(step.placeholders, fill, strict=True):  # scalar stores: a numpy call here costs ~8 us
             ids[row] = token
         begin = time.perf_counter()
         # Not infer(): it returns a copy of every output (the whole logits tensor); wait() reads it in place.
