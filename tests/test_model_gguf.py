@@ -9,7 +9,7 @@ import torch
 from gguf_fixtures import tiny_hf_model, write_gguf
 from vinoserve.cache.kv_cache import KVCache
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
-from vinoserve.model.gguf_loader import GGUFModel
+from vinoserve.model.gguf_loader import GGUFModel, GGUFTensor
 from vinoserve.model.graph import build_model
 from vinoserve.model.paged import CompileOptions, compile_paged
 from vinoserve.model.rope import RopeConfig
@@ -54,7 +54,7 @@ def _hf_logits(hf, ids: list[int]) -> np.ndarray:
 def test_paged_logits_equal_hf(shape, tmp_path):
     hf, path = _gguf_for(SHAPES[shape], tmp_path)
     src = GGUFModel.open(path)
-    model = compile_paged(build_model(src.config, src.weight, "f16"), src.config, F32)
+    model = compile_paged(build_model(src.config, src.tensor, "f16"), src.config, F32)
     runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=8))
     rng = np.random.default_rng(0)
     ids = rng.integers(0, hf.config.vocab_size, size=90).tolist()
@@ -73,7 +73,7 @@ def test_paged_logits_equal_hf(shape, tmp_path):
 def test_two_sequences_in_one_step_match_separate_runs(tmp_path):
     hf, path = _gguf_for(SHAPES["llama-gqa-untied"], tmp_path)
     src = GGUFModel.open(path)
-    model = compile_paged(build_model(src.config, src.weight, "f16"), src.config, F32)
+    model = compile_paged(build_model(src.config, src.tensor, "f16"), src.config, F32)
     runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=8))
     a, b = list(range(3, 43)), list(range(100, 170))
     out = runner.step([ScheduledChunk(a, 0, [[0, 1]], num_logits=len(a)),
@@ -95,7 +95,7 @@ def _int8_round_trip(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def test_int8_weights_are_compressed_and_exact(tmp_path):
     hf, path = _gguf_for(SHAPES["llama-gqa-untied"], tmp_path)
     src = GGUFModel.open(path)
-    graph = build_model(src.config, src.weight, "int8")
+    graph = build_model(src.config, src.tensor, "int8")
     u8 = [n for n in graph.get_ordered_ops() if n.get_type_name() == "Constant" and n.get_element_type().get_type_name() == "u8"]
     assert len(u8) >= 2 * 7 * src.config.num_layers  # weights and zero points of every matrix
     # The CPU plugin quantizes activations to int8 for matmuls with int8 weights where the CPU has
@@ -105,13 +105,13 @@ def test_int8_weights_are_compressed_and_exact(tmp_path):
     core.set_property("CPU", {"DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"})
     model = compile_paged(graph, src.config, F32, core)
 
-    def round_tripped(name: str) -> np.ndarray:
+    def round_tripped(name: str) -> GGUFTensor:
         w = src.weight(name)
         if w.ndim != 2:
-            return w
+            return GGUFTensor.from_array(name, w)
         q, scale = _int8_round_trip(w)
         assert (np.abs(q - w) <= scale).all()  # within a step (the f16 scale may clip an end)
-        return q
+        return GGUFTensor.from_array(name, q)
 
     ref_model = compile_paged(build_model(src.config, round_tripped, "f32"), src.config, F32)
     ids = list(range(10, 60))
@@ -137,14 +137,14 @@ def test_a_q8_0_token_table_stays_8bit_with_its_values_exactly(tie, tmp_path):
     tables = ("token_embd.weight",) if tie else ("token_embd.weight", "output.weight")
     src = GGUFModel.open(write_gguf(hf, tmp_path / "q8.gguf", q8_0=tables))
     plain = GGUFModel.open(write_gguf(hf, tmp_path / "f16.gguf"))
-    assert _constant_types(build_model(plain.config, plain.weight, "f16"), "model.embed_tokens.weight") == {"f16"}
+    assert _constant_types(build_model(plain.config, plain.tensor, "f16"), "model.embed_tokens.weight") == {"f16"}
     # As in the int8 test: the plugin's int8 activations (VNNI/AMX CPUs) off, so f32 compute is exact.
     core = ov.Core()
     core.set_property("CPU", {"DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"})
     ids = list(range(10, 60))
     logits = []
     for fmt in ("f32", "f16"):
-        graph = build_model(src.config, src.weight, fmt)
+        graph = build_model(src.config, src.tensor, fmt)
         for name in ("model.embed_tokens.weight", "lm_head.weight")[:len(tables)]:
             assert _constant_types(graph, name) == ({"f32"} if fmt == "f32" else {"i8"}), (fmt, name)
         model = compile_paged(graph, src.config, F32, core)
@@ -174,7 +174,7 @@ def test_fused_qkv_projection_gives_identical_logits(shape, weights, tmp_path):
     ids = list(range(10, 60))
     models, logits = [], []
     for fuse in (False, True):
-        model = compile_paged(build_model(src.config, src.weight, weights), src.config,
+        model = compile_paged(build_model(src.config, src.tensor, weights), src.config,
                               CompileOptions(inference_precision="f32", kv_cache_precision="f32", fuse_projections=fuse))
         runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=4))
         logits.append(runner.step([ScheduledChunk(ids, 0, [[0, 1]], num_logits=len(ids))]).logits[0].copy())

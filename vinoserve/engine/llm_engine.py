@@ -20,7 +20,7 @@ from vinoserve.engine.outputs import RequestMetrics, RequestOutput
 from vinoserve.engine.prompt_logprobs import PromptLogprobs
 from vinoserve.engine.speculative import SpeculativeConfig, Speculator
 from vinoserve.engine.text_output import TextOutput
-from vinoserve.model.graph import WeightFormat
+from vinoserve.model.weights import WeightFormat
 from vinoserve.model.loader import LoadedModel, load_model
 from vinoserve.model.paged import CompileOptions
 from vinoserve.scheduler.grammar import GrammarCompiler

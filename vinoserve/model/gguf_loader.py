@@ -44,24 +44,51 @@ class GGUFModel:
         tensors = {t.name: t for t in reader.tensors}
         return cls(path, reader, tensors, _read_config(reader, tensors))
 
-    def weight(self, name: str) -> np.ndarray:
-        """Tensor `name` dequantized to float32, in HF layout ([out, in] for matrices)."""
+    def tensor(self, name: str) -> GGUFTensor:
+        """Tensor `name` as the file holds it, rows in HF order ([out, in] for matrices)."""
         t = self.tensors.get(name)
         if t is None:
             raise ModelLoadError(f"{self.path}: tensor {name!r} is missing")
-        try:
-            w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-        except (NotImplementedError, ValueError) as e:
-            raise ModelLoadError(f"{self.path}: cannot dequantize {name} ({t.tensor_type.name}): {e}") from e
-        w = w.reshape([int(d) for d in reversed(t.shape)]) if w.ndim > 1 else w.reshape(-1)
+        shape = tuple(int(d) for d in reversed(t.shape))
+        data = t.data.reshape(shape[0], -1) if len(shape) > 1 else t.data.reshape(-1)
         cfg = self.config
         if cfg.architecture in _PERMUTED_QK and (".attn_q." in name or ".attn_k." in name):
             heads = cfg.num_heads if ".attn_q." in name else cfg.num_kv_heads
-            w = _unpermute_rows(w, heads)
-        return w
+            data = _unpermute_rows(data, heads)  # rows are whole blocks: the same for every type
+        return GGUFTensor(name, t.tensor_type, data, shape, self.path)
+
+    def weight(self, name: str) -> np.ndarray:
+        """Tensor `name` dequantized to float32, in HF layout ([out, in] for matrices)."""
+        return self.tensor(name).dequantize()
 
     def has(self, name: str) -> bool:
         return name in self.tensors
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """A weight as the file holds it. Quantized types keep their blocks: `data` is uint8
+    [rows, bytes per row]; float types are [rows, cols] (1-D tensors: [n]). Rows are in HF's
+    order, so taking rows and dequantizing commute."""
+
+    name: str
+    ggml_type: gguf.GGMLQuantizationType
+    data: np.ndarray
+    shape: tuple[int, ...]  # HF layout: [out, in] for matrices
+    path: Path | None = None  # for error messages
+
+    @classmethod
+    def from_array(cls, name: str, a: np.ndarray) -> GGUFTensor:
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        return cls(name, gguf.GGMLQuantizationType.F32, a, a.shape)
+
+    def dequantize(self) -> np.ndarray:
+        """float32 values in `shape`."""
+        try:
+            w = gguf.quants.dequantize(self.data, self.ggml_type).astype(np.float32, copy=False)
+        except (NotImplementedError, ValueError) as e:
+            raise ModelLoadError(f"{self.path}: cannot dequantize {self.name} ({self.ggml_type.name}): {e}") from e
+        return w.reshape(self.shape)
 
 
 def _unpermute_rows(w: np.ndarray, heads: int) -> np.ndarray:

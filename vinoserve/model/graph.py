@@ -7,8 +7,6 @@ OpenVINO's paged-attention transformation recognises and rewrites into PagedAtte
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
-
 import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
@@ -16,80 +14,15 @@ from openvino import opset6
 from openvino.op.util import Variable, VariableInfo
 
 from vinoserve.model.config import ModelConfig
+from vinoserve.model.gguf_loader import GGUFTensor
+from vinoserve.model.weights import WeightFormat, Weights
 
-WeightFormat = Literal["f32", "f16", "int8"]
-WEIGHT_FORMATS: tuple[str, ...] = ("f32", "f16", "int8")
-
-# name -> float32 array in HF layout; GGUF names (blk.N.attn_q.weight, ...).
-WeightSource = Callable[[str], np.ndarray]
-_Q8_BLOCK = 32  # GGUF's Q8_0: 32 int8 values share one f16 scale
+# name -> the tensor as the file holds it; GGUF names (blk.N.attn_q.weight, ...).
+WeightSource = Callable[[str], GGUFTensor]
 
 
 def _const(value, dtype=np.int64) -> ov.Output:
     return ops.constant(np.asarray(value, dtype=dtype)).output(0)
-
-
-class _Weights:
-    """Turns float32 matrices into compact constants that decompress to f32 inside the graph."""
-
-    def __init__(self, fmt: WeightFormat) -> None:
-        if fmt not in WEIGHT_FORMATS:
-            raise ValueError(f"weight format {fmt!r}; supported: {', '.join(WEIGHT_FORMATS)}")
-        self.fmt = fmt
-
-    def matrix(self, w: np.ndarray, name: str) -> ov.Output:
-        if self.fmt == "f32":
-            return ops.constant(w.astype(np.float32), name=name).output(0)
-        if self.fmt == "f16":
-            c = ops.constant(w.astype(np.float16), name=name)
-            return ops.convert(c, ov.Type.f32).output(0)
-        return self._int8(w, name)
-
-    def table(self, w: np.ndarray, name: str) -> ov.Output:
-        """The token table, or an untied LM head. In f16, one that is 8-bit blocks (GGUF's Q8_0, as
-        llama.cpp commonly ships it) stays so rather than widen: the same values in half the bytes,
-        and the LM head reads all of it every decode step (SmolLM2: 57 of the 262 MB a step streams;
-        one-sequence decode 7% faster). int8 requantizes it per row like its layers: as exact
-        blocks it decoded 2-4% slower there, at the same perplexity. f32 stays plain f32
-        arithmetic, the reference."""
-        blocks = _q8_blocks(w) if self.fmt == "f16" else None
-        if blocks is None:
-            return self.matrix(w, name)
-        q, scale = blocks
-        x = ops.multiply(ops.convert(ops.constant(q, name=name), ov.Type.f16), ops.constant(scale, name=f"{name}/scale"))
-        return ops.convert(ops.reshape(x, _const(w.shape), special_zero=False), ov.Type.f32).output(0)
-
-    def _int8(self, w: np.ndarray, name: str) -> ov.Output:
-        # Asymmetric per-output-row u8, the pattern OpenVINO's CPU/GPU plugins fuse into matmuls.
-        # The range must contain 0 so the zero point is representable; quantize with the f16
-        # scale the graph will hold, not the f32 one.
-        lo = np.minimum(w.min(axis=1, keepdims=True), 0.0)
-        hi = np.maximum(w.max(axis=1, keepdims=True), 0.0)
-        scale = (np.maximum(hi - lo, 1e-6) / 255.0).astype(np.float16)
-        s32 = scale.astype(np.float32)
-        zp = np.clip(np.round(-lo / s32), 0, 255)
-        q = np.clip(np.round(w / s32) + zp, 0, 255).astype(np.uint8)
-        qc = ops.convert(ops.constant(q, name=name), ov.Type.f16)
-        zc = ops.convert(ops.constant(zp.astype(np.uint8), name=f"{name}/zero_point"), ov.Type.f16)
-        sc = ops.constant(scale, name=f"{name}/scale")
-        return ops.convert(ops.multiply(ops.subtract(qc, zc), sc), ov.Type.f32).output(0)
-
-
-def _q8_blocks(w: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """`w` as int8 [rows, K/32, 32] and f16 scales [rows, K/32, 1] whose products are `w` exactly,
-    or None if it is not such blocks. A Q8_0 block's largest value is 127 times its f16 scale
-    (llama.cpp's quantizer puts the block's largest magnitude at +-127), so the scale is read back
-    from it."""
-    rows, k = w.shape
-    if k % _Q8_BLOCK:
-        return None
-    g = w.reshape(rows, k // _Q8_BLOCK, _Q8_BLOCK)
-    scale = (np.abs(g).max(axis=2, keepdims=True) / 127).astype(np.float16)
-    s = scale.astype(np.float32)
-    q = np.round(np.divide(g, s, out=np.zeros_like(g), where=s > 0))
-    if np.abs(q).max() > 127 or not np.array_equal(q * s, g):
-        return None
-    return q.astype(np.int8), scale
 
 
 def _rms_norm(x: ov.Output, weight: np.ndarray, eps: float) -> ov.Output:
@@ -176,7 +109,7 @@ def _causal_mask(attention_mask: ov.Output, q_len: ov.Output, kv_len: ov.Output)
 
 def build_model(cfg: ModelConfig, weight: WeightSource, weight_format: WeightFormat = "f16") -> ov.Model:
     """Stateful decoder graph: logits [B, L, V] f32 from input_ids/attention_mask/position_ids/beam_idx."""
-    wf = _Weights(weight_format)
+    wf = Weights(weight_format)
     input_ids = ops.parameter([-1, -1], ov.Type.i64, name="input_ids")
     attention_mask = ops.parameter([-1, -1], ov.Type.i64, name="attention_mask")
     position_ids = ops.parameter([-1, -1], ov.Type.i64, name="position_ids")
@@ -204,7 +137,7 @@ def build_model(cfg: ModelConfig, weight: WeightSource, weight_format: WeightFor
         x, layer_sinks = _decoder_layer(x, i, cfg, weight, wf, cos, sin, mask, beam_idx)
         sinks += layer_sinks
 
-    x = _rms_norm(x, weight("output_norm.weight"), cfg.rms_norm_eps)
+    x = _rms_norm(x, weight("output_norm.weight").dequantize(), cfg.rms_norm_eps)
     head = embed if cfg.tie_word_embeddings else wf.table(weight("output.weight"), "lm_head.weight")
     logits = ops.matmul(x, head, transpose_a=False, transpose_b=True, name="lm_head")
     logits.output(0).set_names({"logits"})
@@ -216,9 +149,9 @@ def _decoder_layer(x, i, cfg, weight, wf, cos, sin, mask, beam_idx):
     p = f"blk.{i}."
 
     def bias(name: str) -> np.ndarray | None:
-        return weight(p + name) if cfg.attention_bias else None
+        return weight(p + name).dequantize() if cfg.attention_bias else None
 
-    h = _rms_norm(x, weight(p + "attn_norm.weight"), cfg.rms_norm_eps)
+    h = _rms_norm(x, weight(p + "attn_norm.weight").dequantize(), cfg.rms_norm_eps)
     q = _heads(_linear(h, wf.matrix(weight(p + "attn_q.weight"), p + "attn_q"), bias("attn_q.bias")),
                cfg.num_heads, cfg.head_size)
     k = _heads(_linear(h, wf.matrix(weight(p + "attn_k.weight"), p + "attn_k"), bias("attn_k.bias")),
@@ -236,7 +169,7 @@ def _decoder_layer(x, i, cfg, weight, wf, cos, sin, mask, beam_idx):
                        _const([0, 0, cfg.num_heads * cfg.head_size]), special_zero=True)
     x = ops.add(x, _linear(attn, wf.matrix(weight(p + "attn_output.weight"), p + "attn_output"))).output(0)
 
-    h = _rms_norm(x, weight(p + "ffn_norm.weight"), cfg.rms_norm_eps)
+    h = _rms_norm(x, weight(p + "ffn_norm.weight").dequantize(), cfg.rms_norm_eps)
     gate = _linear(h, wf.matrix(weight(p + "ffn_gate.weight"), p + "ffn_gate"))
     up = _linear(h, wf.matrix(weight(p + "ffn_up.weight"), p + "ffn_up"))
     down = _linear(ops.multiply(ops.swish(gate), up), wf.matrix(weight(p + "ffn_down.weight"), p + "ffn_down"))

@@ -11,7 +11,7 @@ from vinoserve.model import default_model
 from vinoserve.model.config import ModelConfig
 from vinoserve.model.convert import converted_dir
 from vinoserve.model.errors import ModelLoadError
-from vinoserve.model.graph import WeightFormat
+from vinoserve.model.weights import WeightFormat
 from vinoserve.model.paged import CompileOptions, PagedModel, compile_paged
 from vinoserve.model.tokenizer import Tokenizer
 
