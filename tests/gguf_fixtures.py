@@ -8,6 +8,8 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
 
+import kquant_encoder
+
 _CONFIGS = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}
 
 
@@ -29,10 +31,12 @@ EOS_ID = len(TOKENS) - 1
 
 
 def tiny_hf_model(arch: str = "llama", *, seed: int = 0, heads: int = 4, kv_heads: int = 2, layers: int = 2,
-                  tie: bool = False, rope_scaling: dict | None = None, rope_theta: float = 10000.0):
+                  tie: bool = False, rope_scaling: dict | None = None, rope_theta: float = 10000.0,
+                  hidden: int = 64, intermediate: int = 96):
+    """`hidden` and `intermediate` multiples of 256 for K-quant fixtures (their super-blocks)."""
     cfg = _CONFIGS[arch](
-        vocab_size=len(TOKENS), hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=64 // heads,
+        vocab_size=len(TOKENS), hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
         max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=rope_theta,
         rope_scaling=rope_scaling, tie_word_embeddings=tie, eos_token_id=EOS_ID,
         attn_implementation="eager",
@@ -49,14 +53,23 @@ def tiny_hf_model(arch: str = "llama", *, seed: int = 0, heads: int = 4, kv_head
     return model
 
 
+def quantize(a: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
+    """Raw blocks of `a` in `qtype`: gguf-py's quantizer, or ours for the K-quants."""
+    if qtype in kquant_encoder.ENCODERS:
+        return kquant_encoder.quantize(a, qtype, exact_scales=True)
+    return gguf.quants.quantize(a, qtype)
+
+
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp convert_hf_to_gguf's Q/K row permutation (for its GPT-J style RoPE)."""
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def write_gguf(model, path: Path, arch: str = "llama", rope_freq_factors: np.ndarray | None = None,
-               linear_scaling: float | None = None, q8_0: tuple[str, ...] = ()) -> Path:
-    """`q8_0`: GGUF tensor names to store as Q8_0 blocks (the rest: matrices f16, vectors f32)."""
+               linear_scaling: float | None = None, q8_0: tuple[str, ...] = (), quant: str | None = None) -> Path:
+    """`q8_0`: GGUF tensor names to store as Q8_0 blocks. `quant`: a ggml type name (Q4_0, Q4_K,
+    ...) for every matrix, token table included. The rest: matrices f16, vectors f32. K-quants
+    are written with scales whose products are exact f16s (kquant_encoder's `exact_scales`)."""
     cfg = model.config
     gguf_arch = "qwen2" if arch == "qwen2" else "llama"  # Mistral GGUFs use the llama architecture
     w = gguf.GGUFWriter(str(path), gguf_arch)
@@ -106,9 +119,9 @@ def write_gguf(model, path: Path, arch: str = "llama", rope_freq_factors: np.nda
                 a = _permute(a, cfg.num_attention_heads)
             elif permute and module == "self_attn.k_proj":
                 a = _permute(a, cfg.num_key_value_heads)
-        if out in q8_0:
-            w.add_tensor(out, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
-                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        if out in q8_0 or (quant and a.ndim == 2):
+            qtype = gguf.GGMLQuantizationType[quant if quant and out not in q8_0 else "Q8_0"]
+            w.add_tensor(out, quantize(a, qtype), raw_dtype=qtype)
             continue
         # llama.cpp keeps 1-D tensors (norms, biases) in f32, matrices in f16.
         w.add_tensor(out, a.astype(np.float16 if a.ndim == 2 else np.float32))

@@ -37,6 +37,7 @@ from vinoserve.model.loader import resolve_model_dir
 from vinoserve.model.paged import KV_PRECISIONS, PRECISIONS, CompileOptions
 from vinoserve.model.storage import cache_root
 from vinoserve.model.tokenizer import Tokenizer
+from vinoserve.model.weights import WEIGHT_FORMATS
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.scheduler.scheduler import SchedulerConfig
 
@@ -223,7 +224,7 @@ def genai_runner(model_dir: Path, warm_up, out_len: int, blocks: int, budget: in
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct",
                     help="built-in name, .gguf, IR dir, or 'qwen2-0.5b-random'")
-    ap.add_argument("--weight-format", default="f16", choices=("f16", "int8", "f32"))
+    ap.add_argument("--weight-format", default="auto", choices=WEIGHT_FORMATS)
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=128)

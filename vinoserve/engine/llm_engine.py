@@ -39,7 +39,7 @@ DEFAULT_KV_MEMORY_FRACTION = 0.25
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = None  # None: the built-in default model
-    weight_format: WeightFormat = "f16"
+    weight_format: WeightFormat = "auto"
     compile: CompileOptions = field(default_factory=CompileOptions)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv_cache_size_gb: float | None = None

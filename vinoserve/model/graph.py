@@ -109,7 +109,7 @@ def _causal_mask(attention_mask: ov.Output, q_len: ov.Output, kv_len: ov.Output)
 
 def build_model(cfg: ModelConfig, weight: WeightSource, weight_format: WeightFormat = "f16") -> ov.Model:
     """Stateful decoder graph: logits [B, L, V] f32 from input_ids/attention_mask/position_ids/beam_idx."""
-    wf = Weights(weight_format)
+    wf = Weights.of(weight_format)
     input_ids = ops.parameter([-1, -1], ov.Type.i64, name="input_ids")
     attention_mask = ops.parameter([-1, -1], ov.Type.i64, name="attention_mask")
     position_ids = ops.parameter([-1, -1], ov.Type.i64, name="position_ids")

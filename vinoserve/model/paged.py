@@ -13,6 +13,7 @@ import openvino.opset13 as ops
 from openvino._offline_transformations import paged_attention_transformation
 
 from vinoserve.model import fuse_projections as projections
+from vinoserve.model.block_offsets import split_block_offsets
 from vinoserve.model.config import ModelConfig
 from vinoserve.model.errors import ModelLoadError
 
@@ -121,10 +122,12 @@ def compile_paged(model: ov.Model, config: ModelConfig, options: CompileOptions,
     if options.fuse_projections is None:
         fuse = options.device == "CPU" and projections.wanted(_compute_precision(options, core))
         options = replace(options, fuse_projections=fuse)
+    to_paged(model, options)
+    split_block_offsets(model)  # after to_paged: the LM head's correction must read the gathered rows
     if options.fuse_projections:
         projections.fuse_projections(model)
     try:
-        compiled = core.compile_model(to_paged(model, options), options.device, options.properties())
+        compiled = core.compile_model(model, options.device, options.properties())
     except RuntimeError as e:
         # e.g. a bf16 KV cache with f32 compute on a CPU without bf16: the plugin refuses it.
         reason = next((line for line in reversed(str(e).splitlines()) if line.strip()), str(e))
