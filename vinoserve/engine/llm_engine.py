@@ -20,6 +20,7 @@ from vinoserve.engine.outputs import RequestMetrics, RequestOutput
 from vinoserve.engine.prompt_logprobs import PromptLogprobs
 from vinoserve.engine.speculative import SpeculativeConfig, Speculator
 from vinoserve.engine.text_output import TextOutput
+from vinoserve.engine.warm_up import warm_up
 from vinoserve.model.weights import WeightFormat
 from vinoserve.model.loader import LoadedModel, load_model
 from vinoserve.model.paged import CompileOptions
@@ -125,6 +126,7 @@ class LLMEngine:
         # Speculation and eviction change a step's inputs after it ran: those run one step at a time.
         self._overlap = config.overlap_steps and config.speculative is None and not evicting
         self.runner = ModelRunner(paged, self.cache, num_requests=2 if self._overlap else 1)
+        warm_up(self.runner, num_blocks, paged.block_size, self.model.path / "openvino_model.bin")
         self.sampler = Sampler()
         self.eos_token_ids = tuple(dict.fromkeys([*self.model.config.eos_token_ids, *self.tokenizer.eos_token_ids]))
         spec = config.speculative
