@@ -30,7 +30,7 @@ class CompileOptions:
     num_threads: int | None = None
     score_outputs: bool = False  # per-layer attention scores, for cache eviction
     cache_rotation: bool = False  # in-kernel RoPE re-rotation inputs
-    fuse_projections: bool | None = None  # q/k/v as one MatMul; None: where the plugin does not (fuse_projections.wanted)
+    fuse_projections: bool | None = None  # q/k/v as one MatMul; None: on CPU (see fuse_projections)
 
     def __post_init__(self) -> None:
         if self.inference_precision not in (None, *PRECISIONS):
@@ -120,8 +120,7 @@ def compile_paged(model: ov.Model, config: ModelConfig, options: CompileOptions,
     core = core or ov.Core()
     options = _default_kv_precision(options, core)
     if options.fuse_projections is None:
-        fuse = options.device == "CPU" and projections.wanted(_compute_precision(options, core))
-        options = replace(options, fuse_projections=fuse)
+        options = replace(options, fuse_projections=options.device == "CPU")
     to_paged(model, options)
     split_block_offsets(model)  # after to_paged: the LM head's correction must read the gathered rows
     if options.fuse_projections:
