@@ -6,7 +6,7 @@ round, and the medians of the per-call times and of the per-round ratios to the 
 printed. Wall time and process CPU time: on a shared machine CPU time survives preemption.
 
     python benchmarks/weight_formats.py --model smollm2-135m-instruct --formats auto,int8,f16
-    python benchmarks/weight_formats.py --model big-1.5b-q4_0.gguf --formats auto,int4 --seqs 1 --prefill 0
+    python benchmarks/weight_formats.py --model llama-1.5b-q4_1-random --formats auto,int4 --seqs 1 --prefill 0
     python benchmarks/weight_formats.py --model m.gguf --inference-precision f32 --formats auto,int8
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 import openvino as ov
 
 from infer_paired import decode_inputs
+from vinoserve.bench import random_models
 from vinoserve.cache.kv_cache import KVCache
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.model.config import ModelConfig
@@ -49,7 +50,7 @@ def _decode(model: PagedModel, cfg: ModelConfig, seqs: int, context: int):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="built-in name or .gguf file")
+    ap.add_argument("--model", required=True, help="built-in name, .gguf file or random model (llama-1.5b-q4_0-random)")
     ap.add_argument("--formats", default="auto,int8,f16")
     ap.add_argument("--seqs", default="1,16", help="decode batch sizes (comma-separated; empty: none)")
     ap.add_argument("--context", type=int, default=256)
@@ -64,7 +65,7 @@ def main() -> None:
     formats = args.formats.split(",")
     models = {}
     for fmt in formats:
-        path = resolve_model_dir(args.model, fmt, log=print)
+        path = resolve_model_dir(random_models.resolve(args.model), fmt, log=print)
         cfg = ModelConfig.from_dir(path)
         models[fmt] = compile_paged(core.read_model(path / "openvino_model.xml"), cfg, options, core)
     print(f"{args.model}: compute {models[formats[0]].inference_precision}, {args.rounds} rounds x {args.calls} calls")
