@@ -120,7 +120,8 @@ class Vinoserve:
         from vinoserve.scheduler.scheduler import SchedulerConfig
 
         self.name = f"vinoserve {weight_format}"
-        cfg = EngineConfig(model=model, weight_format=weight_format, enable_prefix_caching=False,
+        # One stream needs little KV cache; the default (a quarter of free memory) would crowd an 8B pair.
+        cfg = EngineConfig(model=model, weight_format=weight_format, enable_prefix_caching=False, kv_cache_size_gb=1.0,
                            compile=CompileOptions(kv_cache_precision=kv_cache_precision, num_threads=threads),
                            scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens))
         self.engine = LLMEngine(cfg, log=lambda m: None)
