@@ -114,7 +114,8 @@ class Vinoserve:
     """vinoserve's engine in this process, one request at a time, prefix caching off."""
 
     def __init__(self, model: str, weight_format: str = "auto", max_num_batched_tokens: int = 512,
-                 kv_cache_precision: str | None = None, threads: int | None = None) -> None:
+                 kv_cache_precision: str | None = None, threads: int | None = None,
+                 inference_precision: str | None = None) -> None:
         from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
         from vinoserve.model.paged import CompileOptions
         from vinoserve.scheduler.scheduler import SchedulerConfig
@@ -122,7 +123,8 @@ class Vinoserve:
         self.name = f"vinoserve {weight_format}"
         # One stream needs little KV cache; the default (a quarter of free memory) would crowd an 8B pair.
         cfg = EngineConfig(model=model, weight_format=weight_format, enable_prefix_caching=False, kv_cache_size_gb=1.0,
-                           compile=CompileOptions(kv_cache_precision=kv_cache_precision, num_threads=threads),
+                           compile=CompileOptions(kv_cache_precision=kv_cache_precision, num_threads=threads,
+                                                  inference_precision=inference_precision),
                            scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens))
         self.engine = LLMEngine(cfg, log=lambda m: None)
         self._count = 0
@@ -257,6 +259,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=512,
                     help="vinoserve's prefill chunk (llama.cpp's n_ubatch is 512)")
     ap.add_argument("--kv-cache-precision", default=None, help="vinoserve's KV cache precision (default: its own)")
+    ap.add_argument("--inference-precision", default=None, help="vinoserve's compute precision (default: the CPU's)")
 
 
 def main(args: argparse.Namespace) -> None:
@@ -267,7 +270,8 @@ def main(args: argparse.Namespace) -> None:
         return factory(*rest) if args.same_process else OwnProcess(factory, *rest)
 
     engines: list = [start(LlamaCpp, model, args.threads, max(4096, args.input_len + args.output_len + 8))]
-    engines += [start(Vinoserve, model, fmt, args.max_num_batched_tokens, args.kv_cache_precision, args.threads)
+    engines += [start(Vinoserve, model, fmt, args.max_num_batched_tokens, args.kv_cache_precision, args.threads,
+                      args.inference_precision)
                 for fmt in args.weight_formats.split(",") if fmt]
     print(f"{args.model}: 1 stream, {args.input_len} prompt tokens, {args.output_len} out, {args.rounds} paired "
           f"rounds, {os.cpu_count()} CPUs, {'one process' if args.same_process else 'a process per engine'}; "
