@@ -10,7 +10,7 @@ from vinoserve.cache.eviction import CacheEvictionConfig, EvictionState
 from vinoserve.cache.kv_cache import KVCache
 from vinoserve.cache.rotation import HostRotator, LayerRotation, RotationTable
 from vinoserve.engine.model_runner import KernelRotation
-from vinoserve.model.config import ModelConfig
+from vinoserve.model.spec import ModelSpec
 from vinoserve.scheduler.sequence import Sequence
 
 
@@ -22,14 +22,20 @@ class SequenceEviction:
 
 
 class Evictor:
-    def __init__(self, config: CacheEvictionConfig, model: ModelConfig, blocks: BlockManager,
+    def __init__(self, config: CacheEvictionConfig, model: ModelSpec, blocks: BlockManager,
                  cache: KVCache, in_kernel: bool) -> None:
-        if model.rope.dim != model.head_size:
-            raise ValueError("cache rotation needs RoPE over the whole head (partial rotary is unsupported)")
+        if model.has_sliding_windows:
+            # The kernel's window counts cached tokens: after an eviction it would reach further back.
+            raise ValueError(f"cache eviction is not supported for models with sliding-window layers "
+                             f"({model.architecture}: windows {sorted(set(model.sliding_windows) - {0})})")
         self.config, self.model, self.blocks, self.in_kernel = config, model, blocks, in_kernel
+        self._check_rotation(config.rotation)
         b = blocks.block_size
-        self.table = RotationTable(model.rope.inverse_frequencies(), b, rows=blocks.blocks_for(model.max_context) + 1)
-        self.host = None if in_kernel else HostRotator(cache.keys, b, model.head_size)
+        self.table = self.host = None
+        if model.rope is not None:
+            self.table = RotationTable(model.rope.inverse_frequencies(), b,
+                                       rows=blocks.blocks_for(model.max_context) + 1)
+            self.host = None if in_kernel else HostRotator(cache.keys, b, model.head_size)
         self.num_evicted_blocks = 0
         self.num_rotated_blocks = 0
 
@@ -39,8 +45,15 @@ class Evictor:
         if overrides.pop("enabled", True) is False:
             return None
         cfg = self.config.with_overrides(overrides, self.blocks.block_size)
+        self._check_rotation(cfg.rotation)
         layers = self.model.num_layers
         return SequenceEviction(EvictionState(cfg, layers, self.blocks.block_size), [[] for _ in range(layers)])
+
+    def _check_rotation(self, rotation: bool) -> None:
+        if rotation and self.model.rope is None:
+            raise ValueError(f"cache eviction re-rotates moved keys with the model's RoPE, which is not known here: "
+                             f"{self.model.rope_unknown}; turn rotation off (--no-rotation, or "
+                             f"\"rotation\": false in a request's cache_eviction)")
 
     @staticmethod
     def room(seq: Sequence, ev: SequenceEviction) -> int:

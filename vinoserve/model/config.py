@@ -1,13 +1,11 @@
-"""The architecture facts the graph builder and the engine need, in one typed place.
+"""The architecture facts the GGUF graph builder needs, in one typed place.
 
 A converted model directory stores them as an HF-style config.json, so models exported by
-optimum-cli and models converted from GGUF are read the same way.
+optimum-cli and models converted from GGUF are served the same way (model/spec.py reads both).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from vinoserve.model.rope import RopeConfig
 
@@ -33,11 +31,6 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        if self.architecture not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(
-                f"unsupported architecture {self.architecture!r}; "
-                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"{self.num_heads} query heads do not group over {self.num_kv_heads} KV heads")
 
@@ -69,42 +62,3 @@ class ModelConfig:
             # llama.cpp keeps Llama 3.1 scaling as per-frequency factors with no HF equivalent key.
             d["vinoserve_rope_freq_factors"] = list(self.rope.freq_factors)
         return d
-
-    @classmethod
-    def from_hf_dict(cls, d: dict) -> ModelConfig:
-        model_type = d.get("model_type", "")
-        heads = d["num_attention_heads"]
-        head_size = d.get("head_dim") or d["hidden_size"] // heads
-        eos = d.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        factors = d.get("vinoserve_rope_freq_factors")
-        # transformers >= 5 folds theta and scaling into one `rope_parameters` dict.
-        params = d.get("rope_parameters") or {}
-        scaling = d.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
-        rope = RopeConfig(
-            theta=float(d.get("rope_theta", params.get("rope_theta", 10000.0))),
-            dim=int(head_size * d.get("partial_rotary_factor", 1.0)),
-            scaling=scaling,
-            freq_factors=tuple(factors) if factors else None,
-        )
-        return cls(
-            architecture=model_type,
-            num_layers=d["num_hidden_layers"],
-            hidden_size=d["hidden_size"],
-            intermediate_size=d["intermediate_size"],
-            num_heads=heads,
-            num_kv_heads=d.get("num_key_value_heads", heads),
-            head_size=head_size,
-            vocab_size=d["vocab_size"],
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            rope=rope,
-            max_context=int(d.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=bool(d.get("attention_bias", model_type == "qwen2")),
-            bos_token_id=d.get("bos_token_id"),
-            eos_token_ids=eos_ids,
-        )
-
-    @classmethod
-    def from_dir(cls, path: Path) -> ModelConfig:
-        return cls.from_hf_dict(json.loads((path / "config.json").read_text()))

@@ -13,8 +13,8 @@ import openvino.opset13 as ops
 from openvino._offline_transformations import paged_attention_transformation
 
 from vinoserve.model import fuse_projections as projections
-from vinoserve.model.config import ModelConfig
-from vinoserve.model.errors import ModelLoadError
+from vinoserve.model.errors import ModelLoadError, last_line
+from vinoserve.model.graph_facts import GraphFacts, lm_head, read_graph_facts
 
 SAMPLED_INDICES = "sampled_token_indices"
 PRECISIONS = ("f32", "f16", "bf16")
@@ -78,7 +78,7 @@ class CacheLayout:
 
 @dataclass
 class PagedModel:
-    config: ModelConfig
+    facts: GraphFacts
     compiled: ov.CompiledModel
     options: CompileOptions
     layout: CacheLayout
@@ -104,7 +104,7 @@ def to_paged(model: ov.Model, options: CompileOptions) -> ov.Model:
         model, options.per_layer_block_tables, options.score_outputs, options.score_outputs, options.cache_rotation,
         False, False, False,
     )
-    head = next(n for n in model.get_ordered_ops() if n.get_friendly_name() == "lm_head")
+    head = lm_head(model)
     indices = ops.parameter([-1], ov.Type.i64, name=SAMPLED_INDICES)
     indices.output(0).set_names({SAMPLED_INDICES})
     hidden = head.input(0).get_source_output()
@@ -114,8 +114,7 @@ def to_paged(model: ov.Model, options: CompileOptions) -> ov.Model:
     return model
 
 
-def compile_paged(model: ov.Model, config: ModelConfig, options: CompileOptions,
-                  core: ov.Core | None = None) -> PagedModel:
+def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None = None) -> PagedModel:
     core = core or ov.Core()
     options = _default_kv_precision(options, core)
     if options.fuse_projections is None:
@@ -123,13 +122,14 @@ def compile_paged(model: ov.Model, config: ModelConfig, options: CompileOptions,
         options = replace(options, fuse_projections=fuse)
     if options.fuse_projections:
         projections.fuse_projections(model)
+    facts = read_graph_facts(to_paged(model, options))
     try:
-        compiled = core.compile_model(to_paged(model, options), options.device, options.properties())
+        compiled = core.compile_model(model, options.device, options.properties())
     except RuntimeError as e:
         # e.g. a bf16 KV cache with f32 compute on a CPU without bf16: the plugin refuses it.
-        reason = next((line for line in reversed(str(e).splitlines()) if line.strip()), str(e))
-        raise ModelLoadError(f"{options.device} cannot run this model with {options.properties()}: {reason}") from e
-    return PagedModel(config, compiled, options, _cache_layout(compiled))
+        raise ModelLoadError(f"{options.device} cannot run this model with {options.properties()}: "
+                             f"{last_line(e)}") from e
+    return PagedModel(facts, compiled, options, _cache_layout(compiled))
 
 
 def _default_kv_precision(options: CompileOptions, core: ov.Core) -> CompileOptions:
