@@ -5,3 +5,8 @@ class ModelLoadError(Exception):
 def last_line(e: BaseException) -> str:
     """OpenVINO's errors carry a C++ trace; their last non-empty line says what went wrong."""
     return next((line.strip() for line in reversed(str(e).splitlines()) if line.strip()), str(e))
+
+
+def one_line(e: BaseException) -> str:
+    """The message on one line, as a log line or a CLI error should be."""
+    return " ".join(str(e).split()) or type(e).__name__
