@@ -154,6 +154,14 @@ def test_generate_with_a_model_that_cannot_load(case, expected, cache, tmp_path,
     assert line.startswith("vinoserve: error: ") and expected in line, line
 
 
+def test_chat_with_a_model_that_cannot_load(cache, tmp_path):
+    model = write_gguf(tiny_hf_model("llama"), tmp_path / "tiny.gguf")
+    model.write_bytes(model.read_bytes()[:5000])
+    done = _cli("chat", "--model", str(model), cache=cache)
+    assert done.returncode == 1
+    assert _one_error_line(done.stderr).startswith("vinoserve: error: model failed to load: ")
+
+
 @pytest.mark.parametrize("case", ["truncated gguf", "no tokenizer"])
 def test_serve_exits_1_with_one_line_when_the_model_cannot_load(case, cache, tmp_path, ir_export):
     """Not a server answering 503 forever: systemd, Docker and Kubernetes restart one that exits."""

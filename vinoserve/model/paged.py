@@ -100,10 +100,14 @@ def to_paged(model: ov.Model, options: CompileOptions) -> ov.Model:
     """In place: SDPA + KV state -> PagedAttention (block tables per layer or shared, see
     CompileOptions), plus a row gather before the LM head so a step computes logits only for the
     tokens it samples."""
-    paged_attention_transformation(
-        model, options.per_layer_block_tables, options.score_outputs, options.score_outputs, options.cache_rotation,
-        False, False, False,
-    )
+    try:
+        paged_attention_transformation(
+            model, options.per_layer_block_tables, options.score_outputs, options.score_outputs,
+            options.cache_rotation, False, False, False,
+        )
+    except RuntimeError as e:
+        raise ModelLoadError(f"OpenVINO's PagedAttention transformation cannot convert this model: "
+                             f"{last_line(e)}") from e
     head = lm_head(model)
     indices = ops.parameter([-1], ov.Type.i64, name=SAMPLED_INDICES)
     indices.output(0).set_names({SAMPLED_INDICES})
