@@ -15,7 +15,7 @@ call the same path, so tools, reasoning and constraints behave the same on all o
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pydantic import ValidationError
 
@@ -89,6 +89,8 @@ async def prepare_chat(serving: Serving, req: ChatCompletionRequest) -> Prepared
     scoring = prompt_scoring(req, False, max_tokens)
     params = serving.sampling_params(req, max_tokens, len(prompt), (req.top_logprobs or 0) if req.logprobs else None,
                                      grammar, scoring.engine_k)
+    if tools is not None and not setup.tool_format.skip_special_tokens:
+        params = replace(params, skip_special_tokens=False)
     return PreparedChat(prompt, params, scoring, tools, setup.tool_format, setup.reasoning, start)
 
 

@@ -53,6 +53,7 @@ class _Sampling(_Request):
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
     min_tokens: Int = Field(0, ge=0)
+    skip_special_tokens: bool = True  # false: special tokens the model writes are part of the text
     prompt_logprobs: int | None = None
     logit_bias: dict[str, float] | None = None
     # Structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields

@@ -94,6 +94,7 @@ class Serving:
                 seed=req.seed, stop=tuple(stop), stop_token_ids=tuple(req.stop_token_ids or ()),
                 ignore_eos=req.ignore_eos, min_tokens=req.min_tokens, logprobs=logprobs,
                 logit_bias=bias, grammar=grammar, prompt_logprobs=prompt_logprobs,
+                skip_special_tokens=req.skip_special_tokens,
             )
         except ValueError as e:
             raise bad_value(e) from e

@@ -13,7 +13,8 @@ A format says four things, and the server asks nothing else of it:
   is free until the format's opening tag); None leaves the reply unconstrained;
 - `parser(plan)`: a fresh `ToolCallParser` for one choice, which reads the reply as it streams and
   emits TextDelta / ToolCallStart / ToolCallDelta events (server/events.py). The raw tags never
-  reach the client's text. The event stream turns a finish "stop" into "tool_calls" when a call
+  reach the client's text. A tag that is a special (control) token is dropped from the text unless
+  the format sets `skip_special_tokens = False`; in a grammar, `<[id]>` names a token by id. The event stream turns a finish "stop" into "tool_calls" when a call
   was made under auto, as OpenAI does, for every format.
 
 A reasoning model's reasoning is split off before the tool parser sees the text, and its grammar
@@ -70,6 +71,9 @@ class ToolCallParser(ABC):
 
 class ToolFormat(ABC):
     name: ClassVar[str]
+    # False for a format whose calls open with a special token ([TOOL_CALLS], <|python_tag|>): the
+    # engine then keeps special tokens in the text, so that the parser sees them.
+    skip_special_tokens: ClassVar[bool] = True
 
     @classmethod
     @abstractmethod
