@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.server.echo import PromptScoring, prompt_scoring
-from vinoserve.server.errors import APIError
+from vinoserve.server.errors import APIError, invalid
 from vinoserve.server.event_stream import ChoiceText, ParsedText, PlainText
 from vinoserve.server.protocol import ChatCompletionRequest
 from vinoserve.server.reasoning import ReasoningFormat, Start
@@ -57,10 +57,7 @@ def chat_request(fields: dict) -> ChatCompletionRequest:
     try:
         return ChatCompletionRequest.model_validate(fields)
     except ValidationError as e:
-        first = e.errors()[0]
-        param = ".".join(str(p) for p in first.get("loc", ())) or None
-        raise APIError(400, f"{param}: {first.get('msg')}" if param else first.get("msg", "invalid request"),
-                       param) from e
+        raise invalid(e.errors()) from e
 
 
 async def prepare_chat(serving: Serving, req: ChatCompletionRequest) -> PreparedChat:
