@@ -78,3 +78,9 @@ def test_valid_gguf_converts_once_into_the_cache(cache, tmp_path):
     assert resolve_model_dir(str(path)) == first
     assert (first / "openvino_model.bin").stat().st_mtime_ns == mtime
     assert [p for p in _leftovers(cache / "converted") if p.startswith(".")] == []
+
+
+def test_a_chat_template_that_cannot_be_read_is_one_line_and_exit_1(tmp_path, capsys):
+    assert main(["serve", "--chat-template", str(tmp_path / "missing.jinja")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("vinoserve: error: --chat-template") and "missing.jinja" in err and len(err.splitlines()) == 1
