@@ -1,6 +1,7 @@
 """Write tiny random HF models as GGUF files the way llama.cpp's converter does."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -28,13 +29,28 @@ MERGES = ["Ġ t", "h e"]
 EOS_ID = len(TOKENS) - 1
 
 
+@dataclass(frozen=True)
+class Vocab:
+    """A GGUF's tokenizer: byte-level BPE tokens (added ones as their plain text), their types, merges."""
+
+    tokens: list[str]
+    types: list[int]
+    eos_id: int
+    chat_template: str = "{% for m in messages %}{{ m['content'] }}<|im_end|>{% endfor %}"
+    merges: tuple[str, ...] = tuple(MERGES)
+
+
+TINY_VOCAB = Vocab(TOKENS, [1] * (len(TOKENS) - 2) + [3, 3], EOS_ID)
+
+
 def tiny_hf_model(arch: str = "llama", *, seed: int = 0, heads: int = 4, kv_heads: int = 2, layers: int = 2,
-                  tie: bool = False, rope_scaling: dict | None = None, rope_theta: float = 10000.0):
+                  tie: bool = False, rope_scaling: dict | None = None, rope_theta: float = 10000.0,
+                  vocab: Vocab = TINY_VOCAB):
     cfg = _CONFIGS[arch](
-        vocab_size=len(TOKENS), hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
+        vocab_size=len(vocab.tokens), hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=64 // heads,
         max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=rope_theta,
-        rope_scaling=rope_scaling, tie_word_embeddings=tie, eos_token_id=EOS_ID,
+        rope_scaling=rope_scaling, tie_word_embeddings=tie, eos_token_id=vocab.eos_id,
         attn_implementation="eager",
     )
     torch.manual_seed(seed)
@@ -55,7 +71,7 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_gguf(model, path: Path, arch: str = "llama", rope_freq_factors: np.ndarray | None = None,
-               linear_scaling: float | None = None, q8_0: tuple[str, ...] = ()) -> Path:
+               linear_scaling: float | None = None, q8_0: tuple[str, ...] = (), vocab: Vocab = TINY_VOCAB) -> Path:
     """`q8_0`: GGUF tensor names to store as Q8_0 blocks (the rest: matrices f16, vectors f32)."""
     cfg = model.config
     gguf_arch = "qwen2" if arch == "qwen2" else "llama"  # Mistral GGUFs use the llama architecture
@@ -75,12 +91,12 @@ def write_gguf(model, path: Path, arch: str = "llama", rope_freq_factors: np.nda
         w.add_rope_scaling_factor(linear_scaling)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt2")
-    w.add_token_list(TOKENS)
-    w.add_token_types([1] * (len(TOKENS) - 2) + [3, 3])
-    w.add_token_merges(MERGES)
-    w.add_eos_token_id(EOS_ID)
+    w.add_token_list(vocab.tokens)
+    w.add_token_types(vocab.types)
+    w.add_token_merges(list(vocab.merges))
+    w.add_eos_token_id(vocab.eos_id)
     w.add_add_bos_token(False)
-    w.add_chat_template("{% for m in messages %}{{ m['content'] }}<|im_end|>{% endfor %}")
+    w.add_chat_template(vocab.chat_template)
 
     permute = arch != "qwen2"
     names = {

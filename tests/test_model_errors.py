@@ -174,3 +174,9 @@ def test_serve_exits_1_with_one_line_when_the_model_cannot_load(case, cache, tmp
     assert done.returncode == 1
     line = _one_error_line(done.stderr)
     assert "CRITICAL vinoserve: model failed to load: " in line and line.endswith("; exiting with status 1")
+
+
+def test_a_chat_template_that_cannot_be_read_is_one_line_and_exit_1(tmp_path, capsys):
+    assert main(["serve", "--chat-template", str(tmp_path / "missing.jinja")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("vinoserve: error: --chat-template") and "missing.jinja" in err and len(err.splitlines()) == 1

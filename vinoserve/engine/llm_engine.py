@@ -178,8 +178,8 @@ class LLMEngine:
             seq.arrival_time = arrival_time
         sampling = SamplingState(params, seq.prompt_token_ids, seq.output_token_ids, self.eos_token_ids,
                                  self.grammars.matcher(params.grammar) if params.grammar else None)
-        req = _Request(seq, TextOutput(self.tokenizer, params.stop), sampling, RequestMetrics(seq.arrival_time),
-                       eviction, None if params.prompt_logprobs is None else
+        req = _Request(seq, TextOutput(self.tokenizer, params.stop, params.skip_special_tokens), sampling,
+                       RequestMetrics(seq.arrival_time), eviction, None if params.prompt_logprobs is None else
                        PromptLogprobs(seq.prompt_token_ids, params.prompt_logprobs))
         self._requests[request_id] = req
         parent = self._requests.get(fork_of) if fork_of is not None else None
