@@ -68,17 +68,13 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(model, path: Path, arch: str = "llama", rope_freq_factors: np.ndarray | None = None,
-               linear_scaling: float | None = None, q8_0: tuple[str, ...] = ()) -> Path:
+def write_gguf(model, path: Path, arch: str = "llama", q8_0: tuple[str, ...] = ()) -> Path:
     """`q8_0`: GGUF tensor names to store as Q8_0 blocks (the rest: matrices f16, vectors f32)."""
     cfg = model.config
     gguf_arch = _GGUF_ARCH.get(arch, arch)
     w = gguf.GGUFWriter(str(path), gguf_arch)
     _common_metadata(w, cfg)
     _family_metadata(w, cfg, arch)
-    if linear_scaling:
-        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(linear_scaling)
     _tokenizer(w)
     names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == gguf_arch),
                                      cfg.num_hidden_layers)
@@ -93,8 +89,10 @@ def write_gguf(model, path: Path, arch: str = "llama", rope_freq_factors: np.nda
             continue
         # llama.cpp keeps 1-D tensors (norms, biases) in f32, matrices in f16.
         w.add_tensor(out, a.astype(np.float16 if a.ndim == 2 else np.float32))
-    if rope_freq_factors is not None:
-        w.add_tensor("rope_freqs.weight", rope_freq_factors.astype(np.float32))
+    if cfg.rope_parameters.get("rope_type") == "llama3":
+        # LlamaModel.generate_extra_tensors: Llama 3 scaling as divisors of the plain inverse frequencies.
+        plain = 1.0 / cfg.rope_parameters["rope_theta"] ** (np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim)
+        w.add_tensor("rope_freqs.weight", (plain / model.model.rotary_emb.inv_freq.double().numpy()).astype(np.float32))
     if arch == "phi3" and cfg.rope_parameters.get("long_factor"):
         w.add_tensor("rope_factors_long.weight", np.array(cfg.rope_parameters["long_factor"], np.float32))
         w.add_tensor("rope_factors_short.weight", np.array(cfg.rope_parameters["short_factor"], np.float32))
@@ -144,12 +142,16 @@ def _family_metadata(w: gguf.GGUFWriter, cfg, arch: str) -> None:
         w.add_rope_dimension_count(rot_dims)
         w.add_rope_freq_base(rope["rope_theta"])
         w.add_sliding_window(cfg.sliding_window or 0)
+        w.add_pad_token_id(EOS_ID)  # HF's Phi3Config would default to 32000, past a tiny vocabulary
         if rope.get("long_factor"):
             scale = cfg.max_position_embeddings / orig
             w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0)
     else:
         w.add_rope_freq_base(rope["rope_theta"])
         w.add_rope_dimension_count(cfg.head_dim)
+        if rope.get("rope_type") == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(rope["factor"])
         if arch == "qwen3":
             w.add_key_length(cfg.head_dim)
             w.add_value_length(cfg.head_dim)
@@ -164,3 +166,25 @@ def _tokenizer(w: gguf.GGUFWriter) -> None:
     w.add_eos_token_id(EOS_ID)
     w.add_add_bos_token(False)
     w.add_chat_template("{% for m in messages %}{{ m['content'] }}<|im_end|>{% endfor %}")
+
+
+# The families beyond Llama's, tiny, each with what sets it apart: windows shorter than the test
+# prompts and not a multiple of the 32-token KV block, a head size other than hidden / heads,
+# RoPE scaled on Gemma's global layers only, Phi-4-mini's partial RoPE, LongRoPE past a short
+# trained context.
+FAMILIES = {
+    "qwen3": dict(arch="qwen3", heads=4, kv_heads=2, head_dim=32, rope_theta=1e6),
+    "gemma3": dict(arch="gemma3", heads=2, kv_heads=1, head_dim=32, layers=6, tie=True, rope_theta=1e6,
+                   sliding_window=24, rope_scaling={"rope_type": "linear", "factor": 8.0}),
+    "phi3": dict(arch="phi3", heads=4, kv_heads=2, partial_rotary_factor=0.75, sliding_window=40),
+    "phi3-longrope": dict(arch="phi3", heads=4, kv_heads=2, original_max_position_embeddings=64,
+                          rope_scaling={"rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                                        "long_factor": [2.0 + 0.5 * i for i in range(8)]}),
+}
+
+
+def family_gguf(spec: dict, path: Path):
+    """(the HF model, its GGUF) for a FAMILIES entry (or any spec with an `arch`)."""
+    kwargs = {k: v for k, v in spec.items() if k != "arch"}
+    hf = tiny_hf_model(spec["arch"], **kwargs)
+    return hf, write_gguf(hf, path, spec["arch"])

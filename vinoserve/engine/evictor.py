@@ -26,6 +26,11 @@ class Evictor:
                  cache: KVCache, in_kernel: bool) -> None:
         if model.rope.dim != model.head_size:
             raise ValueError("cache rotation needs RoPE over the whole head (partial rotary is unsupported)")
+        if model.sliding_windows:
+            # The kernel's window counts cached tokens, which eviction compacts: a windowed layer
+            # would then see further back than the model was trained to.
+            raise ValueError("cache eviction does not work with sliding-window attention models "
+                             f"({model.architecture}); run without --cache-eviction")
         self.config, self.model, self.blocks, self.in_kernel = config, model, blocks, in_kernel
         b = blocks.block_size
         self.table = RotationTable(model.rope.inverse_frequencies(), b, rows=blocks.blocks_for(model.max_context) + 1)
