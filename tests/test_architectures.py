@@ -10,13 +10,17 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from gguf_fixtures import FAMILIES, family_gguf
+from gguf_fixtures import FAMILIES, family_gguf, tiny_hf_model, write_gguf
 from hf_reference import hf_greedy
 from vinoserve.cache.eviction import CacheEvictionConfig
+from vinoserve.cache.kv_cache import KVCache
 from vinoserve.engine.llm import LLM
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
+from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.engine.speculative import SpeculativeConfig
-from vinoserve.model.paged import CompileOptions
+from vinoserve.model.gguf_loader import GGUFModel
+from vinoserve.model.graph import build_model
+from vinoserve.model.paged import CompileOptions, compile_paged
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.scheduler.scheduler import SchedulerConfig
 
@@ -129,3 +133,24 @@ def test_hf_reads_our_gguf_back_as_the_same_model(name, tmp_path):
     ids = torch.tensor([np.random.default_rng(0).integers(0, hf.config.vocab_size, 60).tolist()])
     with torch.no_grad():
         torch.testing.assert_close(back(ids).logits, hf(ids).logits, rtol=0, atol=0)
+
+
+def test_gemma_residual_past_f16_range_stays_finite_at_the_plugins_default_precision(tmp_path):
+    """Gemma's residual stream grows past f16's 65504 (here: one layer's post-FFN norm scaled
+    up). At the plugin's default compute (bf16 on AVX512-BF16/AMX CPUs, f32 elsewhere) logits
+    stay finite and pick HF's f32 tokens, bf16 rounding apart."""
+    spec = {k: v for k, v in FAMILIES["gemma3"].items() if k != "arch"}
+    hf = tiny_hf_model("gemma3", **spec)
+    with torch.no_grad():
+        w = hf.model.layers[0].post_feedforward_layernorm.weight
+        w.copy_((2e4 * (1 + torch.rand_like(w))).half().float())
+    src = GGUFModel.open(write_gguf(hf, tmp_path / "loud.gguf", "gemma3"))
+    ids = np.random.default_rng(0).integers(0, hf.config.vocab_size, 60).tolist()
+    with torch.no_grad():
+        out = hf(torch.tensor([ids]), output_hidden_states=True)
+    assert max(h.abs().max().item() for h in out.hidden_states) > 65504
+    model = compile_paged(build_model(src.config, src.tensor), src.config, CompileOptions())
+    runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=2))
+    logits = runner.step([ScheduledChunk(ids, 0, [[0, 1]], num_logits=len(ids))]).logits[0]
+    assert np.isfinite(logits).all()
+    assert (logits.argmax(-1) == out.logits[0].numpy().argmax(-1)).mean() >= 0.75

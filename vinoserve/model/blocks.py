@@ -1,5 +1,5 @@
 """The pieces every decoder graph is built from: norms, projections, RoPE, attention over KV
-state, gated FFNs, residual adds.
+state, gated FFNs.
 
 Graphs have the shape optimum-cli exports (input_ids / attention_mask / position_ids / beam_idx,
 KV state in ReadValue/Assign pairs feeding ScaledDotProductAttention), because that is what
@@ -43,16 +43,6 @@ def merge_heads(x: ov.Output, n: int, head_size: int) -> ov.Output:
     """[B, n, L, S] -> [B, L, n*S]"""
     return ops.reshape(ops.transpose(x, const([0, 2, 1, 3])), const([0, 0, n * head_size]),
                        special_zero=True).output(0)
-
-
-def residual(x: ov.Output, y: ov.Output, keep_f32: bool = False) -> ov.Output:
-    """x + y. `keep_f32` keeps the sum out of a lower inference precision: models whose residual
-    stream grows past f16's range (Gemma's reaches ~1e5) overflow to inf there. The CPU plugin
-    leaves nodes so marked in their own precision (Node::keepOrigPrecision)."""
-    out = ops.add(x, y)
-    if keep_f32:
-        out.get_rt_info()["disable_fp16_compression_0"] = ""
-    return out.output(0)
 
 
 ACTIVATIONS = {

@@ -35,7 +35,6 @@ class Decoder:
     gguf_architecture: ClassVar[str] = "llama"
     hf_model_type: ClassVar[str] = "llama"
     hf_class: ClassVar[str] = "LlamaForCausalLM"
-    keep_residual_f32: ClassVar[bool] = False
 
     # ---- the file
     @classmethod
@@ -104,8 +103,8 @@ class Decoder:
         return ops.gather(table, self.inputs.input_ids, blocks.const(0)).output(0)
 
     def layer(self, x: ov.Output, i: int) -> ov.Output:
-        x = self.residual(x, self.attention(self.norm(x, f"blk.{i}.attn_norm.weight"), i))
-        return self.residual(x, self.ffn(self.norm(x, f"blk.{i}.ffn_norm.weight"), i))
+        x = ops.add(x, self.attention(self.norm(x, f"blk.{i}.attn_norm.weight"), i))
+        return ops.add(x, self.ffn(self.norm(x, f"blk.{i}.ffn_norm.weight"), i)).output(0)
 
     def attention(self, h: ov.Output, i: int) -> ov.Output:
         cfg, p = self.cfg, f"blk.{i}."
@@ -147,9 +146,6 @@ class Decoder:
 
     def matrix(self, name: str) -> ov.Output:
         return self.weights.matrix(self.weight(name), name.removesuffix(".weight"))
-
-    def residual(self, x: ov.Output, y: ov.Output) -> ov.Output:
-        return blocks.residual(x, y, self.keep_residual_f32)
 
 
 def _required(meta: GGUFMeta, key: str):
