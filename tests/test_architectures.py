@@ -18,6 +18,7 @@ from vinoserve.engine.llm import LLM
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.engine.speculative import SpeculativeConfig
+from vinoserve.model.config import ModelConfig
 from vinoserve.model.gguf_loader import GGUFModel
 from vinoserve.model.graph import build_model
 from vinoserve.model.paged import CompileOptions, compile_paged
@@ -110,6 +111,23 @@ def test_cache_eviction_is_refused_where_layers_have_windows(families, name):
     path = families(name)[1]
     with pytest.raises(ValueError, match="sliding-window"):
         _engine(path, cache_eviction=CacheEvictionConfig(32, 32, 96), enable_prefix_caching=False)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_config_is_the_same_from_gguf_from_hf_config_json_and_from_our_conversion(name, tmp_path):
+    """What the engine reads of an architecture (windows, RoPE per layer, head size, scale) is
+    the same from the GGUF's metadata, from HF's config.json (an IR directory's) and from the
+    config.json a conversion writes."""
+    hf, path = family_gguf(FAMILIES[name], tmp_path / "m.gguf")
+    ours = GGUFModel.open(path).config
+    for other in (ModelConfig.from_hf_dict(hf.config.to_dict()), ModelConfig.from_hf_dict(ours.to_hf_dict())):
+        assert (other.head_size, other.hidden_act, other.sliding_windows, other.max_context) == \
+               (ours.head_size, ours.hidden_act, ours.sliding_windows, ours.max_context)
+        assert other.attention_scale == pytest.approx(ours.attention_scale)
+        for layer in range(ours.num_layers):
+            a, b = other.rope_of(layer), ours.rope_of(layer)
+            assert (a.dim, a.attention_factor) == (b.dim, pytest.approx(b.attention_factor))
+            np.testing.assert_allclose(a.inverse_frequencies(), b.inverse_frequencies(), rtol=1e-6)
 
 
 # Shapes HF's own GGUF reader can take back whole: it reads no RoPE scaling, partial RoPE or

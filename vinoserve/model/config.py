@@ -73,6 +73,8 @@ class ModelConfig:
         if self.rope.freq_factors is not None:
             # llama.cpp keeps Llama 3.1 scaling as per-frequency factors with no HF equivalent key.
             d["vinoserve_rope_freq_factors"] = list(self.rope.freq_factors)
+        if self.rope.dim != self.head_size:
+            d["partial_rotary_factor"] = self.rope.dim / self.head_size
         if self.rope.attention_factor != 1.0:
             d["vinoserve_rope_attention_factor"] = self.rope.attention_factor
         if self.sliding_windows:
