@@ -103,7 +103,26 @@ def test_n_choices_share_the_prompt_and_each_equals_hf(families, name):
     results = llm.generate([prompts[2], prompts[3]], SamplingParams(n=2, max_tokens=MAX_TOKENS, temperature=0.0,
                                                                    ignore_eos=True))
     assert [r.token_ids for r in results] == [reference[2], reference[2], reference[3], reference[3]]
-    assert llm.engine.blocks.num_free_blocks == 32
+    assert llm.engine.blocks.num_free_blocks == llm.engine.blocks.num_blocks
+
+
+def test_blocks_behind_every_layers_window_are_freed_as_a_sequence_moves_on(families):
+    """Phi-3's window is on every layer: a 320-token sequence runs in 6 blocks (it spans 10),
+    holding only those its next step's queries can see, and still equals HF token for token.
+    Gemma 3's global layers see everything: it keeps every block."""
+    hf, path, _, _ = families("phi3")
+    prompt = np.random.default_rng(5).integers(0, hf.config.vocab_size, 300).tolist()
+    engine = _engine(path, num_blocks=7)  # 6 usable, and the null block released entries name
+    assert engine.blocks.most_held(320, 48) == 4 < engine.blocks.blocks_for(320)
+    engine.add_request("long", prompt, GREEDY)
+    out, held = [], []
+    while engine.has_unfinished_requests:
+        for o in engine.step():
+            out += o.new_token_ids
+        held += [sum(b != engine.blocks.null_block for b in s.block_tables[0]) for s in engine.scheduler.running]
+    assert out == hf_greedy(hf, prompt, MAX_TOKENS)
+    assert max(held) <= 4 and engine.blocks.num_free_blocks == engine.blocks.num_blocks
+    assert _engine(families("gemma3")[1]).blocks.null_block is None
 
 
 @pytest.mark.parametrize("name", WINDOWED)
