@@ -19,6 +19,6 @@ __all__ = ["FAMILIES", "Decoder", "WeightSource", "for_gguf"]
 def for_gguf(architecture: str | None) -> type[Decoder]:
     family = _BY_GGUF.get(architecture)
     if family is None:
-        raise ModelLoadError(f"unsupported GGUF architecture {architecture!r}; supported: {', '.join(_BY_GGUF)} "
-                             "(Mistral GGUFs are llama)")
+        raise ModelLoadError(f"unsupported architecture {architecture!r}; supported: {', '.join(_BY_GGUF)} "
+                             "(Mistral's GGUFs are llama)")
     return family
