@@ -6,6 +6,8 @@ on shared blocks, speculation and preemption; cache eviction refused where windo
 from __future__ import annotations
 
 import numpy as np
+import openvino as ov
+import openvino.opset13 as ops
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -18,10 +20,12 @@ from vinoserve.engine.llm import LLM
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.engine.speculative import SpeculativeConfig
+from vinoserve.model.architectures.phi3 import pin_longrope
 from vinoserve.model.config import ModelConfig
 from vinoserve.model.gguf_loader import GGUFModel
 from vinoserve.model.graph import build_model
 from vinoserve.model.paged import CompileOptions, compile_paged
+from vinoserve.model.rope import longrope
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.scheduler.scheduler import SchedulerConfig
 
@@ -191,3 +195,20 @@ def test_gemma_residual_past_f16_range_stays_finite_at_the_plugins_default_preci
     logits = runner.step([ScheduledChunk(ids, 0, [[0, 1]], num_logits=len(ids))]).logits[0]
     assert np.isfinite(logits).all()
     assert (logits.argmax(-1) == out.logits[0].numpy().argmax(-1)).mean() >= 0.75
+
+
+def test_an_exported_longrope_switch_is_pinned_to_the_factors_the_config_chose():
+    """optimum-cli exports Phi-3's LongRoPE as Select(largest position + 1 > trained context,
+    long, short): under PagedAttention that would follow the step's longest sequence. The pass
+    pins it to the factors chosen as for a GGUF (long: served context 512 > trained 64), so
+    the table no longer depends on the step (measured on a tiny optimum export: exact vs HF)."""
+    short, long = [1.0, 1.1, 1.2, 1.3], [2.0, 2.5, 3.0, 3.5]
+    position = ops.parameter([], ov.Type.i64, name="position")
+    factors = ops.select(ops.greater(ops.add(position, ops.constant(np.int64(1))), ops.constant(np.int64(64))),
+                         ops.constant(np.array(long, np.float32)), ops.constant(np.array(short, np.float32)))
+    model = ov.Model([ops.result(factors)], [position])
+    assert pin_longrope(model, longrope(10000.0, 8, short, long, 64, 512)) == 1
+    assert "Select" not in {n.get_type_name() for n in model.get_ordered_ops()}
+    compiled = ov.Core().compile_model(model, "CPU")
+    for pos in (3, 300):
+        np.testing.assert_array_equal(compiled({"position": np.int64(pos)})[0], np.float32(long))

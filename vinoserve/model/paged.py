@@ -13,6 +13,7 @@ import openvino.opset13 as ops
 from openvino._offline_transformations import paged_attention_transformation
 
 from vinoserve.model import fuse_projections as projections
+from vinoserve.model.architectures.phi3 import pin_longrope
 from vinoserve.model.config import ModelConfig
 from vinoserve.model.errors import ModelLoadError
 
@@ -143,6 +144,8 @@ def compile_paged(model: ov.Model, config: ModelConfig, options: CompileOptions,
         options = replace(options, fuse_projections=fuse)
     if options.fuse_projections:
         projections.fuse_projections(model)
+    if config.rope.freq_factors is not None:
+        pin_longrope(model, config.rope)
     try:
         compiled = core.compile_model(to_paged(model, options, config.sliding_windows), options.device,
                                       options.properties())

@@ -7,12 +7,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+import numpy as np
 import openvino as ov
 
 from vinoserve.model import blocks
 from vinoserve.model.architectures.decoder import Decoder
 from vinoserve.model.config import ModelConfig
-from vinoserve.model.rope import longrope
+from vinoserve.model.rope import RopeConfig, longrope
 
 if TYPE_CHECKING:
     from vinoserve.model.gguf_loader import GGUFMeta
@@ -49,3 +50,24 @@ class Phi3(Decoder):
         return blocks.gated_ffn(h, self.weights.matrix(fused.rows(0, n), p + "ffn_gate"),
                                 self.weights.matrix(fused.rows(n, 2 * n), p + "ffn_up"),
                                 self.matrix(p + "ffn_down.weight"), self.cfg.hidden_act)
+
+
+def pin_longrope(model: ov.Model, rope: RopeConfig) -> int:
+    """An optimum-cli export of a LongRoPE model picks its factors in the graph: Select(largest
+    position + 1 > trained context, long, short). Under PagedAttention one step holds many
+    sequences, so a sequence's RoPE would follow its neighbours' lengths (measured: a 40-token
+    sequence's logits moved by 8 beside a 90-token one, trained context 64). In place: each such
+    Select becomes the factors `rope` chose, as for a GGUF. Returns how many were."""
+    want = np.asarray(rope.freq_factors, dtype=np.float64)
+    pinned = 0
+    for node in model.get_ordered_ops():
+        if node.get_type_name() != "Select":
+            continue
+        for branch in (node.input_value(1), node.input_value(2)):
+            table = branch.get_node()
+            if (table.get_type_name() == "Constant" and table.get_output_partial_shape(0) == ov.PartialShape([len(want)])
+                    and np.allclose(table.get_data().astype(np.float64), want, rtol=1e-5)):
+                node.output(0).replace(branch)
+                pinned += 1
+                break
+    return pinned
