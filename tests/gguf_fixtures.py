@@ -91,7 +91,8 @@ def write_gguf(model, path: Path, arch: str = "llama", q8_0: tuple[str, ...] = (
         w.add_tensor(out, a.astype(np.float16 if a.ndim == 2 else np.float32))
     if cfg.rope_parameters.get("rope_type") == "llama3":
         # LlamaModel.generate_extra_tensors: Llama 3 scaling as divisors of the plain inverse frequencies.
-        plain = 1.0 / cfg.rope_parameters["rope_theta"] ** (np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim)
+        exponents = np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim
+        plain = 1.0 / cfg.rope_parameters["rope_theta"] ** exponents
         w.add_tensor("rope_freqs.weight", (plain / model.model.rotary_emb.inv_freq.double().numpy()).astype(np.float32))
     if arch == "phi3" and cfg.rope_parameters.get("long_factor"):
         w.add_tensor("rope_factors_long.weight", np.array(cfg.rope_parameters["long_factor"], np.float32))

@@ -103,8 +103,8 @@ class ModelConfig:
         rope_dim = int(head_size * d.get("partial_rotary_factor", params.get("partial_rotary_factor", 1.0)))
         max_context = int(d.get("max_position_embeddings", 2048))
         if scaling and scaling.get("rope_type", scaling.get("type")) in ("longrope", "su"):
-            rope = longrope(theta, rope_dim, scaling["short_factor"], scaling["long_factor"],
-                            int(scaling.get("original_max_position_embeddings", d.get("original_max_position_embeddings"))),
+            original = scaling.get("original_max_position_embeddings", d.get("original_max_position_embeddings"))
+            rope = longrope(theta, rope_dim, scaling["short_factor"], scaling["long_factor"], int(original),
                             max_context, scaling.get("attention_factor"))
         else:
             rope = RopeConfig(theta=theta, dim=rope_dim, scaling=scaling,

@@ -65,7 +65,7 @@ def pin_longrope(model: ov.Model, rope: RopeConfig) -> int:
             continue
         for branch in (node.input_value(1), node.input_value(2)):
             table = branch.get_node()
-            if (table.get_type_name() == "Constant" and table.get_output_partial_shape(0) == ov.PartialShape([len(want)])
+            if (table.get_type_name() == "Constant" and table.get_output_partial_shape(0).to_shape() == [len(want)]
                     and np.allclose(table.get_data().astype(np.float64), want, rtol=1e-5)):
                 node.output(0).replace(branch)
                 pinned += 1
