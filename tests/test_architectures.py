@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from gguf_fixtures import FAMILIES, family_gguf, tiny_hf_model, write_gguf
 from hf_reference import hf_greedy
+from test_engine import _run_staggered
 from vinoserve.cache.eviction import CacheEvictionConfig
 from vinoserve.cache.kv_cache import KVCache
 from vinoserve.engine.llm import LLM
@@ -35,7 +36,6 @@ GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
 # Prompts 3 and 5 extend prompt 1 (prefix-cache hits across a window); LongRoPE's prompts all pass
 # its 64-token trained context, where HF computes with the long factors from the first token.
 PROMPT_LENS = {"default": (5, 70, 100, 130, 45, 90), "phi3-longrope": (65, 70, 100, 130, 80, 90)}
-ARRIVAL_STEPS = (0, 0, 2, 5, 9, 9)
 WINDOWED = ("gemma3", "phi3")
 
 
@@ -63,17 +63,9 @@ def _engine(path: str, num_blocks: int = 64, budget: int = 48, **kwargs) -> LLME
     return LLMEngine(cfg, log=lambda m: None)
 
 
-def _run_staggered(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
-    out = {f"r{i}": [] for i in range(len(prompts))}
-    step = 0
-    while step <= max(ARRIVAL_STEPS) or engine.has_unfinished_requests:
-        for i, at in enumerate(ARRIVAL_STEPS):
-            if at == step:
-                engine.add_request(f"r{i}", prompts[i], params)
-        for o in engine.step():
-            out[o.request_id] += o.new_token_ids
-        step += 1
-        assert step < 2000
+def _run(engine: LLMEngine, prompts: list[list[int]]) -> list[list[int]]:
+    """Greedy tokens of each prompt, arriving at test_engine's staggered steps; every block back."""
+    out = _run_staggered(engine, prompts, GREEDY)
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
     return [out[f"r{i}"] for i in range(len(prompts))]
 
@@ -84,7 +76,7 @@ def test_greedy_equals_hf_over_staggered_prompts_longer_than_the_window(families
     engine = _engine(path)
     windows = engine.model.config.sliding_windows
     assert bool(windows) == (name in WINDOWED) and all(len(p) > max(windows, default=0) for p in prompts[1:])
-    assert _run_staggered(engine, prompts, GREEDY) == reference
+    assert _run(engine, prompts) == reference
     assert engine.blocks.prefix.num_hit_tokens >= 64, "prompts 3 and 5 should start from prompt 1's blocks"
 
 
@@ -95,7 +87,7 @@ def test_preemption_and_speculation_keep_tokens_with_windows(families, name):
     spec = SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_max=3, prompt_lookup_min=1,
                              disable_by_batch_size=1024)
     engine = _engine(path, num_blocks=6, speculative=spec)
-    assert _run_staggered(engine, prompts, GREEDY) == reference
+    assert _run(engine, prompts) == reference
     # Random weights rarely repeat themselves, so proposals are mostly rejected: verified either way.
     assert engine.scheduler.num_preemptions > 0 and engine.speculator.stats.num_draft_tokens > 0
 
