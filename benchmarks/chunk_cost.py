@@ -18,6 +18,7 @@ import openvino as ov
 
 from vinoserve.cache.kv_cache import KVCache
 from vinoserve.model.loader import resolve_model_dir
+from vinoserve.model.spec import read_config
 from vinoserve.model.paged import CompileOptions, compile_paged
 
 
@@ -49,7 +50,8 @@ def main() -> None:
     args = ap.parse_args()
     model_dir = resolve_model_dir(args.model, args.weight_format, log=lambda m: None)
     core = ov.Core()
-    paged = compile_paged(core.read_model(model_dir / "openvino_model.xml"), CompileOptions(), core)
+    paged = compile_paged(core.read_model(model_dir / "openvino_model.xml"), CompileOptions(), core,
+                          read_config(model_dir).sliding_windows)
     names = {i.get_any_name() for i in paged.compiled.inputs}
     chunks = [int(c) for c in args.chunks.split(",")]
     steps = {b: mixed_step(names, args.decodes, args.context, b, paged.block_size) for b in chunks}

@@ -21,13 +21,15 @@ from openvino._offline_transformations import paged_attention_transformation
 
 from vinoserve.cache.kv_cache import KVCache
 from vinoserve.model.loader import resolve_model_dir
+from vinoserve.model.spec import read_config
 from vinoserve.model.paged import CompileOptions, _cache_layout, compile_paged
 
 
 def compiled_models(core: ov.Core, model_dir: Path, old_ir: Path | None,
                     kv_precisions: list[str], unfused: bool = False) -> dict[str, ov.CompiledModel]:
     def ours(options: CompileOptions) -> ov.CompiledModel:
-        return compile_paged(core.read_model(model_dir / "openvino_model.xml"), options, core).compiled
+        return compile_paged(core.read_model(model_dir / "openvino_model.xml"), options, core,
+                             read_config(model_dir).sliding_windows).compiled
 
     genai = core.read_model(model_dir / "openvino_model.xml")
     paged_attention_transformation(genai, False, False, True, False, False, False)

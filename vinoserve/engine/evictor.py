@@ -25,17 +25,21 @@ class Evictor:
     def __init__(self, config: CacheEvictionConfig, model: ModelSpec, blocks: BlockManager,
                  cache: KVCache, in_kernel: bool) -> None:
         if model.has_sliding_windows:
-            # The kernel's window counts cached tokens: after an eviction it would reach further back.
-            raise ValueError(f"cache eviction is not supported for models with sliding-window layers "
-                             f"({model.architecture}: windows {sorted(set(model.sliding_windows) - {0})})")
+            # The kernel's window counts cached tokens, which eviction compacts: a windowed layer
+            # would then see further back than the model was trained to.
+            raise ValueError("cache eviction does not work with sliding-window attention models "
+                             f"({model.architecture}); run without --cache-eviction")
         self.config, self.model, self.blocks, self.in_kernel = config, model, blocks, in_kernel
-        self._check_rotation(config.rotation)
-        b = blocks.block_size
-        self.table = self.host = None
-        if model.rope is not None:
-            self.table = RotationTable(model.rope.inverse_frequencies(), b,
-                                       rows=blocks.blocks_for(model.max_context) + 1)
+        self.table = self.host = self._cannot_rotate = None
+        try:
+            rope = model.rotation_rope()
+        except ValueError as e:  # eviction without rotation still works; asking for rotation is refused
+            self._cannot_rotate = e
+        else:
+            b = blocks.block_size
+            self.table = RotationTable(rope.inverse_frequencies(), b, rows=blocks.blocks_for(model.max_context) + 1)
             self.host = None if in_kernel else HostRotator(cache.keys, b, model.head_size)
+        self._check_rotation(config.rotation)
         self.num_evicted_blocks = 0
         self.num_rotated_blocks = 0
 
@@ -50,10 +54,8 @@ class Evictor:
         return SequenceEviction(EvictionState(cfg, layers, self.blocks.block_size), [[] for _ in range(layers)])
 
     def _check_rotation(self, rotation: bool) -> None:
-        if rotation and self.model.rope is None:
-            raise ValueError(f"cache eviction re-rotates moved keys with the model's RoPE, which is not known here: "
-                             f"{self.model.rope_unknown}; turn rotation off (--no-rotation, or "
-                             f"\"rotation\": false in a request's cache_eviction)")
+        if rotation and self._cannot_rotate is not None:
+            raise self._cannot_rotate
 
     @staticmethod
     def room(seq: Sequence, ev: SequenceEviction) -> int:

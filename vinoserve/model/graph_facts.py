@@ -15,10 +15,10 @@ import openvino as ov
 
 from vinoserve.model.errors import ModelLoadError
 
-# PagedAttentionExtension's inputs (openvino 2026.4): 3 is the layer's key cache parameter, 10 its
-# sliding window in tokens (0: none).
-_KEY_CACHE_INPUT = 3
-_SLIDING_WINDOW_INPUT = 10
+# PagedAttentionExtension's inputs (openvino 2026.4): q, k, v, key_cache.N, value_cache.N, past_lens,
+# subsequence_begins, block_indices, block_indices_begins, scale, sliding_window (tokens, 0: none),
+# alibi_slopes, max_context_len, ...
+KEY_CACHE_INPUT, SLIDING_WINDOW_INPUT, MAX_CONTEXT_LEN_INPUT = 3, 10, 12
 # Ops that may stand between the LM head's MatMul and `logits`, the activation on input 0: a
 # precision Convert, a bias Add, Gemma 2's soft-capping (Divide, Tanh, Multiply).
 _AFTER_LM_HEAD = {"Convert", "Add", "Divide", "Tanh", "Multiply"}
@@ -30,11 +30,12 @@ class GraphFacts:
     num_kv_heads: int
     head_size: int  # of the keys: what cache rotation turns
     vocab_size: int
-    sliding_windows: tuple[int, ...]  # per layer, in tokens; 0: the layer sees the whole context
+    # Per layer, in tokens, query included (0: the whole context); empty when no layer has one.
+    sliding_windows: tuple[int, ...]
 
     @property
     def has_sliding_windows(self) -> bool:
-        return any(self.sliding_windows)
+        return bool(self.sliding_windows)
 
 
 def read_graph_facts(model: ov.Model) -> GraphFacts:
@@ -43,7 +44,7 @@ def read_graph_facts(model: ov.Model) -> GraphFacts:
     layers = {}
     for node in model.get_ordered_ops():
         if node.get_type_name() == "PagedAttentionExtension":
-            layers[_layer_index(node)] = node
+            layers[layer_index(node)] = node
     if not layers or sorted(layers) != list(range(len(layers))):
         raise ModelLoadError("the PagedAttention transformation found no attention layers it could convert "
                              "(is this a decoder exported with --task text-generation-with-past?)")
@@ -54,7 +55,7 @@ def read_graph_facts(model: ov.Model) -> GraphFacts:
                              f"{next(v for v in kv.values() if v != kv[0])})")
     heads, head_size = kv[0]
     windows = tuple(_sliding_window(layers[i]) for i in range(len(layers)))
-    return GraphFacts(len(layers), heads, head_size, _vocab_size(model), windows)
+    return GraphFacts(len(layers), heads, head_size, _vocab_size(model), windows if any(windows) else ())
 
 
 def lm_head(model: ov.Model) -> ov.Node:
@@ -83,8 +84,8 @@ def _vocab_size(model: ov.Model) -> int:
     return last.get_length()
 
 
-def _layer_index(node: ov.Node) -> int:
-    names = node.input_value(_KEY_CACHE_INPUT).get_names()
+def layer_index(node: ov.Node) -> int:
+    names = node.input_value(KEY_CACHE_INPUT).get_names()
     index = next((int(m.group(1)) for n in names if (m := re.fullmatch(r"key_cache\.(\d+)", n))), None)
     if index is None:
         raise ModelLoadError(f"a PagedAttention node reads no key_cache.N input ({', '.join(names)})")
@@ -99,7 +100,7 @@ def _kv_shape(node: ov.Node) -> tuple[int, int]:
 def _sliding_window(node: ov.Node) -> int:
     """The transformation writes a layer's window as a small constant expression (Gemma's is the
     negated mask offset): evaluate it."""
-    value = _constant_value(node.input_value(_SLIDING_WINDOW_INPUT))
+    value = _constant_value(node.input_value(SLIDING_WINDOW_INPUT))
     if value is None:
         raise ModelLoadError("a layer's sliding window is not a constant the graph can be asked for")
     return int(np.ravel(value)[0])

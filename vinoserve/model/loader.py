@@ -7,11 +7,12 @@ from pathlib import Path
 import openvino as ov
 
 from vinoserve.model import default_model
+from vinoserve.model.architectures.phi3 import pin_longrope
 from vinoserve.model.convert import converted_dir
 from vinoserve.model.errors import ModelLoadError, last_line
 from vinoserve.model.weights import WeightFormat
 from vinoserve.model.paged import CompileOptions, PagedModel, compile_paged
-from vinoserve.model.spec import ModelSpec, build_spec, read_config
+from vinoserve.model.spec import ModelSpec, read_config
 from vinoserve.model.tokenizer import DETOKENIZER_XML, TOKENIZER_XML, Tokenizer
 
 
@@ -47,8 +48,11 @@ def load_model(model: str | None = None, options: CompileOptions = CompileOption
     config = read_config(path)  # what can be missing is found before the compile, which takes a while
     core = ov.Core()
     tokenizer = _tokenizer(path, core)
-    paged = compile_paged(_read_model(core, path), options, core)
-    return LoadedModel(path, build_spec(path, config, paged.facts), paged, tokenizer)
+    graph = _read_model(core, path)
+    if config.rope is not None and config.rope.freq_factors is not None:
+        pin_longrope(graph, config.rope)
+    paged = compile_paged(graph, options, core, config.sliding_windows)
+    return LoadedModel(path, ModelSpec.of(paged.facts, config), paged, tokenizer)
 
 
 def _tokenizer(path: Path, core: ov.Core) -> Tokenizer:
