@@ -110,6 +110,21 @@ def test_dashboard_queries_only_exported_metrics(server):
     assert hpa_metric in (K8S / "hpa-queue.yaml").read_text() and hpa_metric in exported
 
 
+def test_endpoint_picker_metrics(server):
+    """The model server protocol's series that the Gateway API Inference Extension's endpoint
+    pickers parse (vLLM's names and labels), as deploy/kubernetes/inference-pool/ relies on."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{server.url}/metrics").text)}
+    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
+        assert families[name].type == "gauge"
+    (cache,) = families["vllm:cache_config_info"].samples
+    assert int(cache.labels["block_size"]) == 32 and int(cache.labels["num_gpu_blocks"]) > 0
+    (lora,) = families["vllm:lora_requests_info"].samples
+    assert lora.labels == {"max_lora": "0", "running_lora_adapters": "", "waiting_lora_adapters": ""}
+    assert lora.value > 1.7e9  # a Unix time: pickers keep the series with the latest
+
+
 HADOLINT = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
 
 
