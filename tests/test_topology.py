@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+import json
+
+from sglang_router.launch_router import parse_router_args
+
 from vinoserve.cli import build_parser
+from vinoserve.scale.router import Router
 from vinoserve.scale.supervisor import replica_command
 from vinoserve.scale.topology import Share, parse_cpulist, physical_cores, plan_shares
 
@@ -64,3 +69,14 @@ def test_a_replica_keeps_the_users_flags_and_gets_its_own():
     args = build_parser().parse_args(cmd[cmd.index("vinoserve.cli") + 1:])
     assert (args.host, args.port, args.threads, args.replicas) == ("127.0.0.1", 41234, 2, 1)
     assert (args.max_num_seqs, args.api_key) == (8, "k")
+
+
+def test_the_router_command_parses_with_the_routers_own_parser():
+    router = Router("0.0.0.0", 9000, "round-robin", 9001, 30.0)
+    cmd = router.command()
+    assert cmd[1:4] == ["-m", "vinoserve.scale.child", "sglang_router.launch_router"]
+    assert router.admin_key not in " ".join(cmd)  # it travels in the environment, not on `ps`
+    args = parse_router_args(cmd[4:] + json.loads(router.secret_env()["VINOSERVE_CHILD_SECRET_ARGS"]))
+    assert (args.host, args.port, args.policy, args.prometheus_host) == ("0.0.0.0", 9000, "round_robin", "127.0.0.1")
+    ((key_id, _, key, role),) = args.control_plane_api_keys
+    assert (key_id, role, key) == ("vinoserve", "admin", router.admin_key)
