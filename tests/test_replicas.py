@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -124,3 +127,19 @@ def test_sigterm_stops_every_process_and_exits_0(replicas):
     assert replicas.terminate() == 0
     alive = [p for p in tree if Path(f"/proc/{p}").exists()]
     assert not alive, [_cmdline(p) for p in alive]
+
+
+def test_a_router_that_cannot_start_stops_everything(smollm2_gguf):
+    """Its port taken: one clear line, status 1, no replica left behind."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = subprocess.Popen([sys.executable, "-m", "vinoserve.cli", "serve", "--replicas", "2", "--port",
+                                 str(port)], stderr=subprocess.PIPE, text=True)
+        time.sleep(1)
+        tree = _descendants(proc.pid)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert "the router exited with status 1 before it served; stopping" in err
+    assert tree and not [p for p in tree if Path(f"/proc/{p}").exists()]

@@ -114,6 +114,9 @@ class Supervisor:
     def _tick(self) -> bool:
         """One look at every child; False when the whole thing must stop."""
         if (status := self.router_proc.exited()) is not None:
+            if not any(r.served for r in self.replicas):  # it never took a replica: a bad flag, a busy port
+                log.error("the router exited with status %s before it served; stopping", status)
+                return False
             log.warning("the router exited with status %s; restarting it", status)
             self.router_proc.start()
             for r in self.replicas:
