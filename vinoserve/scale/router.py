@@ -60,15 +60,22 @@ class Router:
         return {"VINOSERVE_CHILD_SECRET_ARGS": json.dumps(
             ["--control-plane-api-keys", f"vinoserve:supervisor:admin:{self.admin_key}"])}
 
-    def add_worker(self, url: str, model: str) -> None:
-        """Registered by the served model's id, so the router's /v1/models names it."""
+    def _admin(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.admin_key}"}
+
+    def add_worker(self, url: str, model: str) -> str:
+        """Registered by the served model's id, so the router's /v1/models names it; returns the
+        router's id for it."""
         # A dead replica leaves the rotation within HEALTH_INTERVAL_S, a restarted one is back as fast
         # (the router's defaults, 60 s and 3 failures, suit pods rather than local processes).
         worker = {"url": url, "model_id": model, "health_check_interval_secs": HEALTH_INTERVAL_S,
                   "health_failure_threshold": 1, "health_success_threshold": 1, "health_check_timeout_secs": 5}
-        r = httpx.post(f"{self.url}/workers", json=worker,
-                       headers={"Authorization": f"Bearer {self.admin_key}"}, timeout=10)
-        r.raise_for_status()
+        r = httpx.post(f"{self.url}/workers", json=worker, headers=self._admin(), timeout=10)
+        return r.raise_for_status().json()["worker_id"]
+
+    def remove_worker(self, worker_id: str) -> None:
+        """At once, rather than after the next failed health check: no request goes to a dead replica."""
+        httpx.delete(f"{self.url}/workers/{worker_id}", headers=self._admin(), timeout=10).raise_for_status()
 
     def healthy_workers(self) -> int | None:
         try:

@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -23,7 +22,7 @@ from vinoserve.scale.router import Router, local_url, require_router
 from vinoserve.scale.topology import Share, shares_for
 
 log = logging.getLogger("vinoserve.scale")
-_POLL_S = 0.5
+_POLL_S = 0.2  # how soon a dead child is noticed and taken out of the router
 _KILL_AFTER_S = 10.0  # past the drain timeout, before SIGKILL
 
 
@@ -61,7 +60,7 @@ class Replica(Child):
     share: Share | None = None
     threads: int = 0
     served: bool = False  # healthy once at least, and registered with the router
-    registered: bool = False
+    worker_id: str | None = None  # the router's id for it while registered
 
     @property
     def url(self) -> str:
@@ -80,7 +79,7 @@ class Supervisor:
         require_router()
         self.api_key = args.api_key
         self.grace_s = args.shutdown_timeout
-        self.stopping = threading.Event()
+        self.stopping = False
         env = {"VINOSERVE_SUPERVISOR_PID": str(os.getpid()), "VINOSERVE_REPLICAS": "1"}
         self.replicas = []
         for share in shares_for(args.replicas):
@@ -95,7 +94,7 @@ class Supervisor:
 
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stopping.set())
+            signal.signal(sig, self._stop)
         for r in self.replicas:
             r.start()
             log.info("replica %d: pid %d, cpus %s, %d threads, %s", self.replicas.index(r), r.proc.pid,
@@ -104,12 +103,17 @@ class Supervisor:
         log.info("router: sglang-router (%s) on %s, its metrics on 127.0.0.1:%d; /readiness counts the "
                  "replicas serving", self.router.policy, self.router.url, self.router.metrics_port)
         try:
-            while not self.stopping.wait(_POLL_S):
-                if not self._tick():
+            while not self.stopping:
+                time.sleep(_POLL_S)
+                if not self.stopping and not self._tick():
                     return 1
             return 0
         finally:
             self._stop_all()
+
+    def _stop(self, *_) -> None:
+        # Only a flag: a signal handler that takes a lock can deadlock with the code it interrupts.
+        self.stopping = True
 
     def _tick(self) -> bool:
         """One look at every child; False when the whole thing must stop."""
@@ -120,18 +124,24 @@ class Supervisor:
             log.warning("the router exited with status %s; restarting it", status)
             self.router_proc.start()
             for r in self.replicas:
-                r.registered = False
+                r.worker_id = None
         for i, r in enumerate(self.replicas):
             if (status := r.exited()) is not None:
                 if not r.served:
                     log.error("replica %d exited with status %s before it served; stopping", i, status)
                     return False
                 self._restart(i, r, status)
-            elif not r.registered:
+            elif r.worker_id is None:
                 self._register(i, r)
         return True
 
     def _restart(self, i: int, r: Replica, status: int) -> None:
+        if r.worker_id is not None:
+            try:
+                self.router.remove_worker(r.worker_id)
+                r.worker_id = None
+            except httpx.HTTPError:
+                pass  # its health check takes it out within seconds; try again next tick
         if r.restarts and time.monotonic() < r.started + r.backoff_s():
             return
         serving = sum(x.exited() is None for x in self.replicas)
@@ -148,10 +158,10 @@ class Supervisor:
             if self.model is None:
                 models = httpx.get(f"{r.url}/v1/models", headers=headers, timeout=5)
                 self.model = models.raise_for_status().json()["data"][0]["id"]
-            self.router.add_worker(r.url, self.model)
+            r.worker_id = self.router.add_worker(r.url, self.model)
         except httpx.HTTPError:
             return  # still loading, or the router is not up yet: the next tick tries again
-        r.served = r.registered = True
+        r.served = True
         log.info("replica %d is serving %s", i, self.model)
 
     def _stop_all(self) -> None:
