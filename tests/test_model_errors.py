@@ -42,10 +42,11 @@ def test_unknown_architecture_names_the_supported_ones(cache, tmp_path, capsys):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(ModelLoadError, match="unsupported architecture 'falcon'; supported: llama, mistral, qwen2"):
+    supported = "supported: llama, qwen2, qwen3, gemma3, phi3"
+    with pytest.raises(ModelLoadError, match=f"unsupported architecture 'falcon'; {supported}"):
         resolve_model_dir(str(path))
     assert main(["prepare", "--model", str(path)]) == 1
-    assert "supported: llama, mistral, qwen2" in capsys.readouterr().err
+    assert supported in capsys.readouterr().err
     assert [p for p in _leftovers(cache) if "converted/" in p] == []
 
 
@@ -78,3 +79,9 @@ def test_valid_gguf_converts_once_into_the_cache(cache, tmp_path):
     assert resolve_model_dir(str(path)) == first
     assert (first / "openvino_model.bin").stat().st_mtime_ns == mtime
     assert [p for p in _leftovers(cache / "converted") if p.startswith(".")] == []
+
+
+def test_a_chat_template_that_cannot_be_read_is_one_line_and_exit_1(tmp_path, capsys):
+    assert main(["serve", "--chat-template", str(tmp_path / "missing.jinja")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("vinoserve: error: --chat-template") and "missing.jinja" in err and len(err.splitlines()) == 1

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, Response
 
 from vinoserve.engine.async_engine import AsyncLLMEngine
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
@@ -24,12 +24,8 @@ from vinoserve.server import errors, openapi
 from vinoserve.server.errors import APIError
 from vinoserve.server.limits import BodySizeLimit, Limits
 from vinoserve.server.metrics import Metrics
-from vinoserve.server.openai_serving import OpenAIServing, num_choices
-from vinoserve.server.echo import fill_in_the_middle, prompt_scoring
-from vinoserve.server.structured import grammar_for
-from vinoserve.server.tools import tool_plan
-from vinoserve.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                                       TokenizeRequest, now)
+from vinoserve.server.routes import chat, completions, models, tokens
+from vinoserve.server.serving import ChatSetup, Serving
 
 log = logging.getLogger("vinoserve")
 
@@ -43,6 +39,9 @@ class ServerConfig:
     limits: Limits = field(default_factory=Limits)
     generation_config: str = "auto"  # auto: the model's sampling defaults; vinoserve: OpenAI's; or a dir
     override_generation_config: dict | None = None
+    chat_template: str | None = None  # --chat-template's text: replaces the model's
+    tool_call_parser: str = "auto"  # a name in server/tools FORMATS, or auto
+    reasoning_parser: str = "auto"  # a name in server/reasoning FORMATS, none, or auto
 
 
 def default_model_name(model: str | None) -> str:
@@ -55,11 +54,11 @@ def default_model_name(model: str | None) -> str:
 
 class _State:
     def __init__(self) -> None:
-        self.serving: OpenAIServing | None = None
+        self.serving: Serving | None = None
         self.engine: AsyncLLMEngine | None = None
         self.load_error: BaseException | None = None
 
-    def ready(self) -> OpenAIServing:
+    def ready(self) -> Serving:
         if self.engine is not None and not self.engine.is_alive:
             raise APIError(503, f"the engine stopped: {self.engine.error}; the server is exiting",
                            code="engine_dead")
@@ -92,8 +91,11 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
             metrics = Metrics(name)
             metrics.watch(engine)
             state.engine = engine
-            state.serving = OpenAIServing(engine, name, metrics, config.max_queue, defaults)
+            chat_setup = ChatSetup.build(engine.tokenizer, config.chat_template, config.tool_call_parser,
+                                         config.reasoning_parser)
+            state.serving = Serving(engine, name, metrics, config.max_queue, defaults, config.limits, chat_setup)
             log.info("sampling defaults for fields a request leaves out: %s", defaults.describe())
+            log.info("chat: %s", chat_setup.describe())
             log.info("serving %s", name)
         except BaseException as e:  # surfaced by /health and every endpoint
             log.exception("model failed to load")
@@ -108,10 +110,10 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
             await asyncio.to_thread(state.engine.shutdown)
 
     app = FastAPI(title="vinoserve", lifespan=lifespan)
+    app.state.vinoserve = state  # what serving.current reads
     errors.install(app)
-    openapi.install(app)
+    openapi.install(app, vocab_size=lambda: state.engine.vocab_size if state.serving is not None else None)
     app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_request_bytes)
-    limits = config.limits
 
     async def authorized(request: Request) -> None:
         if config.api_key is None:
@@ -143,71 +145,7 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
         body = state.ready().metrics.render()
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/v1/models", dependencies=auth)
-    async def models() -> JSONResponse:
-        serving = state.ready()
-        card = {"id": serving.model_name, "object": "model", "created": now(), "owned_by": "vinoserve",
-                "max_model_len": serving.engine.engine.max_context,
-                "sampling_defaults": serving.generation_defaults.values()}
-        return JSONResponse({"object": "list", "data": [card]})
-
-    @app.post("/v1/completions", dependencies=auth)
-    async def completions(req: CompletionRequest, raw: Request) -> Response:
-        serving = state.ready()
-        serving.check_model(req.model)
-        limits.check_request(req)
-        prompts = await asyncio.to_thread(serving.completion_prompts, req.prompt)  # big prompts take ms
-        if req.suffix is not None:
-            prompts = fill_in_the_middle(serving.tokenizer, prompts, req.suffix)
-        limits.check_prompts(prompts, "prompt")
-        k = req.logprobs
-        max_tokens = req.max_tokens if req.max_tokens is not None else 16
-        scoring = prompt_scoring(req, True, max_tokens)
-        grammar = await grammar_for(req, serving.engine.engine.grammars)
-        params = serving.sampling_params(req, 1 if scoring.score_only else max_tokens, max(map(len, prompts)), k,
-                                         grammar, scoring.engine_k)
-        streams = serving.admit(prompts, params, "prompt", req.cache_eviction, num_choices(req))
-        return await serving.respond(raw, req, prompts, streams, chat=False, scoring=scoring)
-
-    @app.post("/v1/chat/completions", dependencies=auth)
-    async def chat(req: ChatCompletionRequest, raw: Request) -> Response:
-        serving = state.ready()
-        serving.check_model(req.model)
-        limits.check_request(req)
-        if req.top_logprobs is not None and not req.logprobs:
-            raise APIError(400, "top_logprobs requires logprobs: true", "top_logprobs")
-        tools = tool_plan(req)
-        prompt = await asyncio.to_thread(serving.chat_prompt, req, tools)
-        limits.check_prompts([prompt], "messages")
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        grammar = await grammar_for(req, serving.engine.engine.grammars, tools)
-        scoring = prompt_scoring(req, False, max_tokens)
-        params = serving.sampling_params(req, max_tokens, len(prompt),
-                                         (req.top_logprobs or 0) if req.logprobs else None, grammar,
-                                         scoring.engine_k)
-        streams = serving.admit([prompt], params, "messages", req.cache_eviction, req.n)
-        return await serving.respond(raw, req, [prompt], streams, chat=True, tools=tools, scoring=scoring)
-
-    @app.post("/tokenize", dependencies=auth)
-    async def tokenize(req: TokenizeRequest) -> JSONResponse:
-        serving = state.ready()
-        serving.check_model(req.model)
-        if (req.prompt is None) == (req.messages is None):
-            raise APIError(400, "give exactly one of prompt or messages", "prompt")
-        if req.messages is not None:
-            ids = serving.chat_prompt(ChatCompletionRequest(messages=req.messages,
-                                                            add_generation_prompt=req.add_generation_prompt))
-        else:
-            ids = serving.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-        return JSONResponse({"count": len(ids), "max_model_len": serving.engine.engine.max_context, "tokens": ids})
-
-    @app.post("/detokenize", dependencies=auth)
-    async def detokenize(req: DetokenizeRequest) -> JSONResponse:
-        serving = state.ready()
-        serving.check_model(req.model)
-        vocab = serving.engine.engine.model.config.vocab_size
-        if any(not 0 <= t < vocab for t in req.tokens):
-            raise APIError(400, f"token ids must be in [0, {vocab})", "tokens")
-        return JSONResponse({"prompt": serving.tokenizer.decode(req.tokens)})
+    for module in (models, completions, chat, tokens):
+        app.include_router(module.router, dependencies=auth)
 
     return app
