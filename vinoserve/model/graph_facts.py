@@ -94,6 +94,9 @@ def layer_index(node: ov.Node) -> int:
 
 def _kv_shape(node: ov.Node) -> tuple[int, int]:
     rt = node.get_rt_info()
+    if "num_k_heads" not in rt or "k_head_size" not in rt:
+        raise ModelLoadError("the PagedAttention nodes carry no KV head counts (this OpenVINO's transformation "
+                             "is not the one vinoserve knows)")
     return rt["num_k_heads"].astype(int), rt["k_head_size"].astype(int)
 
 
