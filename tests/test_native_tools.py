@@ -60,8 +60,8 @@ LLAMA = (scripted_vocab([START, WL, TL, END, "Paris", "Rome", "Oslo"],
 })
 ARRAY, MORE = "[" + START, END + ", " + START
 MISTRAL = (scripted_vocab([ARRAY, W, T, MORE, END + "]", "Paris", "Rome", "Oslo"],
-                          ["<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
-                           "[TOOL_RESULTS]", "[/TOOL_RESULTS]"], "</s>",
+                          ["<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
+                           "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"], "</s>",
                           (DATA / "mistralai-Mistral-Nemo-Instruct-2407.jinja").read_text(encoding="utf-8")), {
     "[/INST]": ["[TOOL_CALLS]", "Paris"],
     "[TOOL_CALLS]": ["Paris", ARRAY], ARRAY: ["Paris", W, T], **CITIES,

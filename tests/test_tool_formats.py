@@ -80,7 +80,8 @@ def test_hermes_tool_results_are_named_after_their_call():
     assert '<tool_response>\n{"name": "get_weather", "content": "21 C"}\n</tool_response>' in text
 
 
-@pytest.mark.parametrize("template", ["mistralai-Mistral-Nemo-Instruct-2407", "vllm-tool_chat_template_mistral_parallel"])
+@pytest.mark.parametrize("template", ["mistralai-Mistral-Nemo-Instruct-2407",
+                                      "vllm-tool_chat_template_mistral_parallel"])
 def test_mistral_call_ids_are_nine_alphanumerics_on_both_sides(template):
     text = _render(template, HISTORY)
     short = mistral_id("call_8f2e6c1d0a")

@@ -39,7 +39,9 @@ Example, a format whose calls are `<call>{"name": ..., "arguments": ...}</call>`
 
         def parser(self, plan): return TaggedParser(plan)
 
-and its name added to FORMATS in tools/__init__.py.
+and its name added to FORMATS in tools/__init__.py. A format is built once per server with the
+tokenizer's special tokens by text (`special_tokens`), so that it can tell whether a tag is one
+token; the native formats (hermes.py, llama3.py, mistral.py) share native.py.
 """
 from __future__ import annotations
 
@@ -128,8 +130,8 @@ def history_call(call: dict) -> tuple[str, object]:
 
 def native_messages(messages: list[dict]) -> list[dict]:
     """Messages for a template that renders tool calls and tool turns itself: each call's
-    arguments as an object, content "" rather than missing, and each tool result named after the
-    call it answers (Hermes templates require `name`)."""
+    arguments as an object, content "" rather than missing or null, and each tool result named
+    after the call it answers (Hermes templates require `name`)."""
     out, names = [], {}
     for m in messages:
         m = dict(m)
@@ -139,6 +141,7 @@ def native_messages(messages: list[dict]) -> list[dict]:
             names.update((c.get("id"), c["function"].get("name")) for c in m["tool_calls"])
         if m.get("role") == "tool" and m.get("tool_call_id") in names:
             m.setdefault("name", names[m["tool_call_id"]])
-        m.setdefault("content", "")
+        if m.get("content") is None:
+            m["content"] = ""
         out.append(m)
     return out
