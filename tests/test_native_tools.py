@@ -170,6 +170,12 @@ def test_llama3_json_call_with_or_without_python_tag(llama):
     whole, streamed = _ask(client, tool_choice={"type": "function", "function": {"name": "get_time"}})
     assert whole == streamed == {"content": None, "finish_reason": "stop", "calls": [TIME]}
     assert len(_agent_turn(client)) == 1
+    # Meta's template renders one call per turn; a history with two is the template's own 400.
+    calls = [{"id": f"call_{k}", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
+             for k in range(2)]
+    with pytest.raises(openai.BadRequestError, match="only supports single tool-calls"):
+        client.chat.completions.create(model="scripted", max_tokens=5, tools=TOOLS, messages=[
+            *ASK, {"role": "assistant", "tool_calls": calls}, {"role": "tool", "tool_call_id": "call_0", "content": "9"}])
 
 
 def test_mistral_calls_in_one_array_with_nine_character_ids(mistral):
