@@ -22,21 +22,21 @@ from infer_paired import decode_inputs
 from vinoserve.bench import random_models
 from vinoserve.cache.kv_cache import KVCache
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
-from vinoserve.model.config import ModelConfig
 from vinoserve.model.loader import resolve_model_dir
+from vinoserve.model.spec import read_config
 from vinoserve.model.paged import CompileOptions, PagedModel, compile_paged
 
 
-def _prefill(model: PagedModel, cfg: ModelConfig, tokens: int):
-    runner = ModelRunner(model, KVCache(model.layout, cfg.num_layers, num_blocks=tokens // model.block_size + 2))
+def _prefill(model: PagedModel, tokens: int):
+    runner = ModelRunner(model, KVCache(model.layout, model.facts.num_layers, num_blocks=tokens // model.block_size + 2))
     chunk = ScheduledChunk(list(range(100, 100 + tokens)), 0, [list(range(tokens // model.block_size + 1))])
     return lambda: runner.step([chunk])
 
 
-def _decode(model: PagedModel, cfg: ModelConfig, seqs: int, context: int):
-    inputs = decode_inputs(model.compiled, cfg.num_layers, seqs, context)
+def _decode(model: PagedModel, seqs: int, context: int):
+    inputs = decode_inputs(model.compiled, model.facts.num_layers, seqs, context)
     request = model.compiled.create_infer_request()
-    cache = KVCache(model.layout, cfg.num_layers, num_blocks=seqs * (context // 32 + 1) + 1)
+    cache = KVCache(model.layout, model.facts.num_layers, num_blocks=seqs * (context // 32 + 1) + 1)
     for layer, (k, v) in enumerate(zip(cache.keys, cache.values)):
         request.set_tensor(f"key_cache.{layer}", k)
         request.set_tensor(f"value_cache.{layer}", v)
@@ -66,13 +66,13 @@ def main() -> None:
     models = {}
     for fmt in formats:
         path = resolve_model_dir(random_models.resolve(args.model), fmt, log=print)
-        cfg = ModelConfig.from_dir(path)
-        models[fmt] = compile_paged(core.read_model(path / "openvino_model.xml"), cfg, options, core)
+        models[fmt] = compile_paged(core.read_model(path / "openvino_model.xml"), options, core,
+                                    read_config(path).sliding_windows)
     print(f"{args.model}: compute {models[formats[0]].inference_precision}, {args.rounds} rounds x {args.calls} calls")
-    cases = {f"decode {s} seq": {f: _decode(m, cfg, int(s), args.context) for f, m in models.items()}
+    cases = {f"decode {s} seq": {f: _decode(m, int(s), args.context) for f, m in models.items()}
              for s in args.seqs.split(",") if s}
     if args.prefill:
-        cases[f"prefill {args.prefill}"] = {f: _prefill(m, cfg, args.prefill) for f, m in models.items()}
+        cases[f"prefill {args.prefill}"] = {f: _prefill(m, args.prefill) for f, m in models.items()}
     for case, calls in cases.items():
         wall = {f: [] for f in formats}
         cpu = {f: [] for f in formats}

@@ -41,3 +41,12 @@ def test_held_back_tail_is_released_at_the_end(tok):
     out = TextOutput(tok, stop=("never appears",))
     text = "".join(out.add(i) for i in ids)
     assert len(text) < len("abc xyz") and text + out.flush() == "abc xyz"
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_special_tokens_are_text_only_when_asked(tok, skip):
+    """A tool-call format whose calls open with a special token needs to see it (SamplingParams)."""
+    ids = tok.encode("a<|im_end|>b", add_special_tokens=False)
+    out = TextOutput(tok, skip_special_tokens=skip)
+    text = "".join(out.add(i) for i in ids) + out.flush()
+    assert text == ("ab" if skip else "a<|im_end|>b")

@@ -6,7 +6,7 @@ import openvino as ov
 import pytest
 import torch
 
-from gguf_fixtures import tiny_hf_model, write_gguf
+from gguf_fixtures import FAMILIES, family_gguf, tiny_hf_model, write_gguf
 from vinoserve.cache.kv_cache import KVCache
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.model.gguf_loader import GGUFModel, GGUFTensor
@@ -27,22 +27,12 @@ SHAPES = {
                                 rope_scaling=LLAMA3_SCALING),
     "qwen2-qkv-bias": dict(arch="qwen2", heads=4, kv_heads=2, tie=True, rope_theta=1000000.0),
     "mistral-gqa": dict(arch="mistral", heads=4, kv_heads=2, tie=False),
+    **FAMILIES,
 }
 
 
 def _gguf_for(spec: dict, tmp_path):
-    arch = spec["arch"]
-    kwargs = {k: v for k, v in spec.items() if k != "arch"}
-    hf = tiny_hf_model(arch, **kwargs)
-    scaling = kwargs.get("rope_scaling") or {}
-    factors = linear = None
-    if scaling.get("rope_type") == "llama3":
-        # llama.cpp stores Llama 3 scaling as per-frequency divisors of the plain inverse frequencies.
-        base = RopeConfig(kwargs["rope_theta"], hf.config.head_dim).inverse_frequencies()
-        factors = base / hf.model.rotary_emb.inv_freq.double().numpy()
-    elif scaling.get("rope_type") == "linear":
-        linear = scaling["factor"]
-    return hf, write_gguf(hf, tmp_path / f"{arch}.gguf", arch, factors, linear)
+    return family_gguf(spec, tmp_path / f"{spec['arch']}.gguf")
 
 
 def _hf_logits(hf, ids: list[int]) -> np.ndarray:
@@ -54,7 +44,7 @@ def _hf_logits(hf, ids: list[int]) -> np.ndarray:
 def test_paged_logits_equal_hf(shape, tmp_path):
     hf, path = _gguf_for(SHAPES[shape], tmp_path)
     src = GGUFModel.open(path)
-    model = compile_paged(build_model(src.config, src.tensor, "f16"), src.config, F32)
+    model = compile_paged(build_model(src.config, src.tensor, "f16"), F32, sliding_windows=src.config.sliding_windows)
     runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=8))
     rng = np.random.default_rng(0)
     ids = rng.integers(0, hf.config.vocab_size, size=90).tolist()
@@ -73,7 +63,7 @@ def test_paged_logits_equal_hf(shape, tmp_path):
 def test_two_sequences_in_one_step_match_separate_runs(tmp_path):
     hf, path = _gguf_for(SHAPES["llama-gqa-untied"], tmp_path)
     src = GGUFModel.open(path)
-    model = compile_paged(build_model(src.config, src.tensor, "f16"), src.config, F32)
+    model = compile_paged(build_model(src.config, src.tensor, "f16"), F32, sliding_windows=src.config.sliding_windows)
     runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=8))
     a, b = list(range(3, 43)), list(range(100, 170))
     out = runner.step([ScheduledChunk(a, 0, [[0, 1]], num_logits=len(a)),
@@ -103,7 +93,7 @@ def test_int8_weights_are_compressed_and_exact(tmp_path):
     # compute the graph is exactly f32 arithmetic on the dequantized weights, on every CPU.
     core = ov.Core()
     core.set_property("CPU", {"DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"})
-    model = compile_paged(graph, src.config, F32, core)
+    model = compile_paged(graph, F32, core, src.config.sliding_windows)
 
     def round_tripped(name: str) -> GGUFTensor:
         w = src.weight(name)
@@ -113,7 +103,8 @@ def test_int8_weights_are_compressed_and_exact(tmp_path):
         assert (np.abs(q - w) <= scale).all()  # within a step (the f16 scale may clip an end)
         return GGUFTensor.from_array(name, q)
 
-    ref_model = compile_paged(build_model(src.config, round_tripped, "f32"), src.config, F32)
+    ref_model = compile_paged(build_model(src.config, round_tripped, "f32"), F32,
+                              sliding_windows=src.config.sliding_windows)
     ids = list(range(10, 60))
     got, ref = (ModelRunner(m, KVCache(m.layout, src.config.num_layers, num_blocks=4))
                 .step([ScheduledChunk(ids, 0, [[0, 1]], num_logits=len(ids))]).logits[0]
@@ -147,7 +138,7 @@ def test_a_q8_0_token_table_stays_8bit_with_its_values_exactly(tie, tmp_path):
         graph = build_model(src.config, src.tensor, fmt)
         for name in ("model.embed_tokens.weight", "lm_head.weight")[:len(tables)]:
             assert _constant_types(graph, name) == ({"f32"} if fmt == "f32" else {"i8"}), (fmt, name)
-        model = compile_paged(graph, src.config, F32, core)
+        model = compile_paged(graph, F32, core, src.config.sliding_windows)
         runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=4))
         logits.append(runner.step([ScheduledChunk(ids, 0, [[0, 1]], num_logits=len(ids))]).logits[0].copy())
     np.testing.assert_allclose(logits[1], logits[0], atol=1e-4, rtol=0)
@@ -175,7 +166,7 @@ def test_fused_qkv_projection_gives_identical_logits(shape, weights, tmp_path):
     ids = list(range(10, 60))
     models, logits = [], []
     for fuse in (False, True):
-        model = compile_paged(build_model(src.config, src.tensor, weights), src.config,
+        model = compile_paged(build_model(src.config, src.tensor, weights),
                               CompileOptions(inference_precision="f32", kv_cache_precision="f32", fuse_projections=fuse))
         runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=4))
         logits.append(runner.step([ScheduledChunk(ids, 0, [[0, 1]], num_logits=len(ids))]).logits[0].copy())

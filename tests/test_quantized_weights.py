@@ -82,7 +82,7 @@ def test_unpacked_blocks_are_the_files_values(qtype):
 
 def _logits(src: GGUFModel, weights: str, ids: list[int], options: CompileOptions = F32,
             graph: ov.Model | None = None) -> np.ndarray:
-    model = compile_paged(graph or build_model(src.config, src.tensor, weights), src.config, options)
+    model = compile_paged(graph or build_model(src.config, src.tensor, weights), options)
     runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=4))
     return runner.step([ScheduledChunk(ids, 0, [[0, 1]], num_logits=len(ids))]).logits[0].copy()
 
@@ -136,7 +136,7 @@ def test_fused_projections_of_4bit_blocks_with_offsets_give_identical_logits(tmp
     counts, logits = [], []
     for fuse in (False, True):
         options = CompileOptions(inference_precision="f32", kv_cache_precision="f32", fuse_projections=fuse)
-        model = compile_paged(build_model(src.config, src.tensor, "auto"), src.config, options)
+        model = compile_paged(build_model(src.config, src.tensor, "auto"), options)
         counts.append(sum(op.get_rt_info()["layerType"].astype(str) == "FullyConnected"
                           for op in model.compiled.get_runtime_model().get_ordered_ops()))
         runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=4))

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gguf_fixtures import tiny_hf_model, write_gguf
+from gguf_fixtures import TOKENS, tiny_hf_model, write_gguf
 from server_process import ServerProcess
 from vinoserve.engine.memory import available_memory_bytes, cgroup_room_bytes
 
@@ -114,9 +114,24 @@ def _error(r: httpx.Response, status: int, param: str | None) -> dict:
     ("/tokenize", {"messages": []}, "messages"),
     ("/tokenize", {"prompt": "x", "messages": [{"role": "user", "content": "x"}]}, "prompt"),
     ("/detokenize", {"tokens": [-1]}, "tokens.0"),
+    ("/detokenize", {"tokens": [1, 10**6]}, "tokens"),
+    # A tool result must say which call it answers, and what it says (it used to run to the end of the context).
+    ("/v1/chat/completions", {"messages": [{"role": "tool"}]}, "messages.0.content"),
+    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "21 C"}]}, "messages.0.tool_call_id"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "guided_choice": []}, "guided_choice"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
 ])
 def test_invalid_requests_are_400s(server, path, body, param):
     _error(httpx.post(server.url + path, json=body), 400, param)
+
+
+def test_an_empty_suffix_is_a_plain_completion(server):
+    body = {"prompt": "ab", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    plain = httpx.post(f"{server.url}/v1/completions", json=body).json()
+    empty = httpx.post(f"{server.url}/v1/completions", json={**body, "suffix": ""}).json()
+    assert empty["choices"][0]["text"] == plain["choices"][0]["text"]
+    _error(httpx.post(f"{server.url}/v1/completions", json={**body, "suffix": "z"}), 400, "suffix")
 
 
 def test_whole_numbers_as_floats_are_integers(server):
@@ -151,6 +166,10 @@ def test_openapi_documents_real_statuses(server):
     assert chat["requestBody"]["required"] is True
     assert doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]["messages"]["minItems"] == 1
     assert set(doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
+    # What is accepted is what the document says: token ids below the vocabulary, a tool message's fields.
+    schemas = doc["components"]["schemas"]
+    assert schemas["DetokenizeRequest"]["properties"]["tokens"]["items"]["maximum"] == len(TOKENS) - 1
+    assert schemas["ChatMessage"]["then"]["required"] == ["content", "tool_call_id"]
 
 
 def test_over_capacity_is_503_with_retry_after(tiny_gguf):

@@ -1,10 +1,15 @@
-"""Tool turns render for templates with and without tool support (no model needed)."""
+"""The generic tool format without a model: tool turns render for templates with and without tool
+support, and replies parse into the same calls whether they arrive whole or piece by piece."""
 from __future__ import annotations
 
 import json
 
 from vinoserve.model.chat_template import render_chat
-from vinoserve.server.tools import ToolPlan, ToolReply, render_messages
+from vinoserve.server.event_stream import ParsedText
+from vinoserve.server.events import ChoiceResult, Finish, Step
+from vinoserve.server.routes.chat import message, step_choices
+from vinoserve.server.tools import ToolPlan
+from vinoserve.server.tools.generic import GenericFormat
 
 PLAIN = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
 # The shape of Qwen2.5's template: tools in the system turn, calls as tojson'd objects, tool results.
@@ -22,7 +27,7 @@ HISTORY = [
 
 
 def test_history_renders_without_tool_support():
-    messages, extra = render_messages(HISTORY, ToolPlan((FN,), False, False), PLAIN)
+    messages, extra = GenericFormat().render(HISTORY, ToolPlan((FN,), False, False), PLAIN)
     text = render_chat(PLAIN, messages, **extra)
     assert extra == {} and "get_weather" in text.split("<|user|>")[0]  # the tools went into the system turn
     assert '<|assistant|>{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}' in text
@@ -30,7 +35,7 @@ def test_history_renders_without_tool_support():
 
 
 def test_history_renders_with_native_tool_support():
-    messages, extra = render_messages(HISTORY, ToolPlan((FN,), False, False), NATIVE)
+    messages, extra = GenericFormat().render(HISTORY, ToolPlan((FN,), False, False), NATIVE)
     text = render_chat(NATIVE, messages, **extra)
     assert text.startswith("<tools>get_weather;</tools>")
     assert '<call>get_weather {"city": "Paris"}</call>' in text  # arguments as an object, not a string
@@ -38,11 +43,21 @@ def test_history_renders_with_native_tool_support():
 
 
 def _reply(plan: ToolPlan, pieces: list[str], finish_reason: str = "stop") -> tuple[list[list[dict]], dict, str]:
-    """Feeds a reply piece by piece, as tokens arrive: the deltas after each piece, and the message."""
-    reply = ToolReply(plan)
-    deltas = [reply.feed(p) for p in pieces]
-    deltas[-1] += reply.finish()
-    return deltas, *reply.message(finish_reason)
+    """Feeds a reply piece by piece, as tokens arrive: the chat deltas after each piece, and the
+    message and finish_reason the same events make."""
+    text = ParsedText(None, GenericFormat().parser(plan), plan.forced)
+    steps = [text.feed(p) for p in pieces]
+    more, reason = text.finish(finish_reason)
+    steps[-1] += more
+    result = ChoiceResult(0)
+    for e in [e for step in steps for e in step] + [Finish(reason)]:
+        result.add(e)
+    return [[_delta(e) for e in step] for step in steps], message(result, False), result.finish_reason
+
+
+def _delta(e) -> dict:
+    """An event as chat's delta (the stream renders them so)."""
+    return step_choices(Step(0, (e,)))[0]["delta"]
 
 
 def _pieces(text: str, size: int = 3) -> list[str]:

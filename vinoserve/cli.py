@@ -180,7 +180,7 @@ def _generate(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from vinoserve.model.errors import ModelLoadError
+    from vinoserve.model.errors import ModelLoadError, one_line
 
     try:
         if args.command == "bench":
@@ -188,17 +188,24 @@ def main(argv: list[str] | None = None) -> int:
 
             return bench(args)
         elif args.command == "serve":
+            engine = _engine_config(args)
+            if args.replicas < 1:
+                raise ValueError("--replicas must be at least 1")
+            if args.replicas > 1:
+                from vinoserve.scale.supervisor import run as serve_replicas
+
+                return serve_replicas(args, sys.argv[1:] if argv is None else argv)
             from vinoserve.server.cli import serve
 
-            return serve(args, _engine_config(args))
+            return serve(args, engine)
         elif args.command == "chat":
             from vinoserve.chat import run
 
             return run(args, None if args.url else _engine_config(args))
         else:
             {"prepare": _prepare, "generate": _generate}[args.command](args)
-    except (ModelLoadError, ValueError, FileNotFoundError) as e:
-        print(f"vinoserve: error: {e}", file=sys.stderr)
+    except (ModelLoadError, ValueError, OSError) as e:
+        print(f"vinoserve: error: {one_line(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

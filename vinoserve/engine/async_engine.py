@@ -18,6 +18,8 @@ from dataclasses import dataclass, replace
 from vinoserve.engine.llm_engine import LLMEngine
 from vinoserve.engine.outputs import RequestOutput
 from vinoserve.engine.speculative import SpecStats
+from vinoserve.model.tokenizer import Tokenizer
+from vinoserve.scheduler.grammar import GrammarCompiler
 from vinoserve.scheduler.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -130,6 +132,26 @@ class AsyncLLMEngine:
     @property
     def is_alive(self) -> bool:
         return self._thread.is_alive() and self.error is None
+
+    # What request handlers need to know of the model, read-only and safe from any thread.
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    @property
+    def max_context(self) -> int:
+        """Prompt plus output tokens one sequence may hold."""
+        return self.engine.max_context
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids are in [0, vocab_size)."""
+        return self.engine.model.config.vocab_size
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """Compiles output constraints for this model's vocabulary (thread-safe, cached)."""
+        return self.engine.grammars
 
     def prepare(self, prompt: str | list[int], params: SamplingParams, cache_eviction: dict | None = None) -> list[int]:
         """Tokenize and validate in the caller's thread, so bad input fails before it is queued."""

@@ -7,8 +7,8 @@ from vinoserve.model.tokenizer import Tokenizer
 
 
 class TextOutput:
-    def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...] = ()) -> None:
-        self._detok = IncrementalDetokenizer(tokenizer)
+    def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...] = (), skip_special_tokens: bool = True) -> None:
+        self._detok = IncrementalDetokenizer(tokenizer, skip_special_tokens)
         self._stop = tuple(s for s in stop if s)
         # Text that could still be the start of a stop string is held back until decided.
         self._hold = max((len(s) for s in self._stop), default=1) - 1

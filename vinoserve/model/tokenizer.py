@@ -154,17 +154,22 @@ class Tokenizer:
             return str(self._decoder.get_output_tensor(0).str_data[0])
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tools: list[dict] | None = None) -> str:
-        """The prompt text for a conversation, as HF's apply_chat_template renders it."""
-        if not self.chat_template:
+                            tools: list[dict] | None = None, chat_template: str | None = None,
+                            **variables: Any) -> str:
+        """The prompt text for a conversation, as HF's apply_chat_template renders it: with
+        `chat_template` instead of the model's, and `variables` (e.g. enable_thinking) for the
+        template to read."""
+        template = chat_template or self.chat_template
+        if not template:
             raise ValueError("this model has no chat template")
 
         def text(token_id: int | None) -> str:
             return "" if token_id is None else self.decode([token_id], skip_special_tokens=False)
 
-        extra = {"tools": tools} if tools else {}
-        return render_chat(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
-                           bos_token=text(self.bos_token_id), eos_token=text(self.eos_token_id), **extra)
+        fixed = {"bos_token": text(self.bos_token_id), "eos_token": text(self.eos_token_id)}
+        if tools:
+            fixed["tools"] = tools
+        return render_chat(template, messages, add_generation_prompt=add_generation_prompt, **{**variables, **fixed})
 
     def _token_id(self, token: Any) -> int | None:
         if isinstance(token, dict):  # {"content": "<s>", ...}
@@ -218,10 +223,14 @@ def _token_bytes(core: ov.Core, detokenizer: ov.Model) -> list[bytes]:
     model.validate_nodes_and_infer_types()
     request = core.compile_model(model, "CPU").create_infer_request()
     vocab = _vocab_size(model)
-    first = np.zeros(1, dtype=np.int64)  # any token: only its own bytes are cut off again
-    request.infer({0: first.reshape(1, 1)})
-    prefix = request.get_output_tensor(0).bytes_data[0]
-    request.infer({0: np.stack([np.zeros(vocab, np.int64), np.arange(vocab, dtype=np.int64)], axis=1)})
+    # Any token whose text is not empty: only its own bytes are cut off again. (A text that ends
+    # in NUL comes back without it, so a lone b"\0" token would look empty and cut nothing.)
+    first, prefix = 0, b""
+    for first in range(min(vocab, 256)):
+        request.infer({0: np.array([[first]], dtype=np.int64)})
+        if prefix := request.get_output_tensor(0).bytes_data[0]:
+            break
+    request.infer({0: np.stack([np.full(vocab, first, np.int64), np.arange(vocab, dtype=np.int64)], axis=1)})
     rows = request.get_output_tensor(0).bytes_data
     return [row[len(prefix):] if row.startswith(prefix) else row for row in rows]
 

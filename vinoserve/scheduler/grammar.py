@@ -24,8 +24,12 @@ import llguidance.numpy
 from llguidance.gbnf_to_lark import any_to_lark
 import numpy as np
 
-KINDS = ("json_schema", "regex", "choice", "lark")
+KINDS = ("json_schema", "regex", "choice", "lark", "composed")
 _CACHE_SIZE = 256
+# How JSON is written under a schema (llguidance's options; in Lark, a `%json` schema's "x-guidance"):
+# compact separators and no free whitespace between tokens, since a small model fed "any
+# whitespace" tends to spend its whole budget on newlines.
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,9 @@ class GrammarSpec:
     """What a request constrains its output to; hashable, so it keys the compile cache."""
 
     kind: str  # one of KINDS
-    source: str  # a JSON schema (as JSON text), a regex, a JSON list of choices, or a Lark/GBNF grammar
+    # A JSON schema (as JSON text), a regex, a JSON list of choices, a Lark/GBNF grammar, or for
+    # "composed" {"lark": outer grammar, "inner": [kind, source]} as JSON text (see `composed`).
+    source: str
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -43,13 +49,25 @@ class GrammarSpec:
     def json_schema(cls, schema: dict | bool) -> GrammarSpec:
         return cls("json_schema", json.dumps(schema))  # key order kept: it is the output's property order
 
+    @classmethod
+    def composed(cls, lark: str, inner: GrammarSpec) -> GrammarSpec:
+        """A Lark grammar whose rules refer to `inner` as `@inner`, e.g. free reasoning text up to a
+        closing tag and then `inner`: `start: THINK @inner` (llguidance's nested grammars, each
+        with its own lexer, so a JSON schema keeps its whitespace rules inside)."""
+        if inner.kind == "composed":
+            raise ValueError("a composed grammar cannot nest another composed grammar")
+        return cls("composed", json.dumps({"lark": lark, "inner": [inner.kind, inner.source]}))
+
     def grammar_text(self) -> str:
         """The llguidance grammar for this spec; ValueError when the spec itself is malformed."""
+        if self.kind == "composed":
+            outer = json.loads(self.source)
+            inner = _top_level(GrammarSpec(*outer["inner"]).grammar_text())["grammars"]
+            if len(inner) != 1:
+                raise ValueError("the inner grammar of a composed grammar must be a single grammar")
+            return json.dumps({"grammars": [{"lark_grammar": outer["lark"]}, {**inner[0], "name": "inner"}]})
         if self.kind == "json_schema":
-            # Compact separators and no free whitespace between tokens: a small model fed
-            # "any whitespace" tends to spend its whole budget on newlines.
-            options = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-            return llguidance.LLMatcher.grammar_from_json_schema(self.source, overrides=options)
+            return llguidance.LLMatcher.grammar_from_json_schema(self.source, overrides=JSON_STYLE)
         if self.kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(self.source)
         if self.kind == "choice":
@@ -59,6 +77,18 @@ class GrammarSpec:
             alternatives = " | ".join(json.dumps(c) for c in choices)
             return llguidance.LLMatcher.grammar_from_lark(f"start: {alternatives}")
         return llguidance.LLMatcher.grammar_from_lark(any_to_lark(self.source))  # Lark or llama.cpp GBNF
+
+
+def _top_level(text: str) -> dict:
+    """llguidance's grammar texts are either its JSON TopLevelGrammar or plain Lark."""
+    if text.lstrip().startswith("{"):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = None
+        if isinstance(value, dict) and "grammars" in value:
+            return value
+    return {"grammars": [{"lark_grammar": text}]}
 
 
 class GrammarCompiler:

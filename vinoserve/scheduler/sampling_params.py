@@ -32,6 +32,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # k: each prompt token's logprob plus the top k
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), as OpenAI's map
     grammar: GrammarSpec | None = None  # structured output: every token must keep the grammar satisfiable
+    # False: special tokens (other than the one that ends the sequence) are text too, e.g. for a
+    # tool-call format whose calls open with one ([TOOL_CALLS], <|python_tag|>)
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         # JSON gives lists; tuples keep the params hashable and concatenable with EOS ids.

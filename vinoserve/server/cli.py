@@ -8,8 +8,10 @@ import signal
 import uvicorn
 
 from vinoserve.engine.llm_engine import EngineConfig
+from vinoserve.scale.router import POLICIES
 from vinoserve.scheduler.scheduler import SchedulerConfig
 from vinoserve.server.app import ServerConfig, create_app
+from vinoserve.server import reasoning, tools
 from vinoserve.server.limits import Limits
 
 
@@ -34,27 +36,45 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-n", type=int, default=d.max_n, help="a larger `n` gets 400")
     p.add_argument("--max-logprobs", type=int, default=d.max_logprobs,
                    help="more top logprobs per token get 400 (20 at most)")
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="a Jinja chat template to use instead of the model's")
+    p.add_argument("--tool-call-parser", default="auto", choices=tools.CHOICES,
+                   help="the format tool calls are written in: hermes (Qwen, Hermes), llama3_json (Llama 3.x), "
+                        "mistral, or generic (a JSON reply any model can be held to); auto (default) detects it "
+                        "from the chat template, else generic")
+    p.add_argument("--reasoning-parser", default="auto", choices=reasoning.CHOICES,
+                   help="split a reasoning model's <think>...</think> off into reasoning_content: auto (default) "
+                        "detects the family from the chat template, none turns it off")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds SIGTERM waits for in-flight requests to finish")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--replicas", type=int, default=1,
+                   help="engine processes, each pinned to its own share of the cores (its own NUMA node where "
+                        "there are several), behind SGLang's router on --host/--port (pip install "
+                        "'vinoserve[scale]'); 1 (default): this process serves alone")
+    p.add_argument("--router-policy", choices=tuple(POLICIES), default="cache-aware",
+                   help="with --replicas: how the router picks a replica (default: cache-aware, the one that "
+                        "holds the longest prefix of the request)")
 
 
 def serve(args: argparse.Namespace, engine: EngineConfig) -> int:
-    """Runs until stopped; the exit status is 1 if the engine died, else 0."""
+    """Runs until stopped; the exit status is 1 if the model failed to load or the engine died, else 0."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     limits = Limits(args.max_request_bytes, args.max_prompt_tokens, args.max_stop_strings, args.max_n,
                     args.max_logprobs)
     config = ServerConfig(engine, args.served_model_name, args.api_key, args.max_queue, limits,
                           generation_config=args.generation_config,
-                          override_generation_config=args.override_generation_config)
+                          override_generation_config=args.override_generation_config,
+                          chat_template=_read_template(args.chat_template), tool_call_parser=args.tool_call_parser,
+                          reasoning_parser=args.reasoning_parser)
     # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal under the handler
     # that was there before it; a no-op one makes a graceful stop exit 0, as orchestrators expect.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    died: list[BaseException] = []
+    died: list[str] = []
 
-    def stop(error: BaseException) -> None:
-        logging.getLogger("vinoserve").critical("the engine died (%s); exiting with status 1", error)
-        died.append(error)
+    def stop(reason: str) -> None:
+        logging.getLogger("vinoserve").critical("%s; exiting with status 1", reason)
+        died.append(reason)
         server.should_exit = True
 
     server = uvicorn.Server(uvicorn.Config(create_app(config, on_fatal=stop), host=args.host, port=args.port,
@@ -62,3 +82,13 @@ def serve(args: argparse.Namespace, engine: EngineConfig) -> int:
                                            timeout_graceful_shutdown=args.shutdown_timeout))
     server.run()
     return 1 if died else 0
+
+
+def _read_template(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--chat-template {path}: {e}") from e

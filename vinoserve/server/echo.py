@@ -63,9 +63,12 @@ _FIM = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")  # StarCoder's names, wh
 
 
 def fill_in_the_middle(tokenizer, prompts: list[list[int]], suffix: str) -> list[list[int]]:
-    """Completions' `suffix`: prefix-suffix-middle prompts for models with FIM tokens, else a 400."""
+    """Completions' `suffix`: prefix-suffix-middle prompts for models with FIM tokens, else a 400
+    (an empty suffix, nothing after the completion, is a plain completion on any model)."""
     ids = [tokenizer.encode(t, add_special_tokens=False) for t in _FIM]
     if not all(len(i) == 1 and i[0] in tokenizer.special_token_ids for i in ids):
+        if not suffix:
+            return prompts
         raise APIError(400, "suffix needs a model with fill-in-the-middle tokens; this one has none", "suffix")
     (pre,), (suf,), (mid,) = ids
     tail = tokenizer.encode(suffix, add_special_tokens=False)

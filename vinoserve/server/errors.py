@@ -65,6 +65,22 @@ def failure(e: Exception) -> tuple[int, str, str | None]:
 _UNION_TAG = re.compile(r"^(str|int|float|bool|dict|list|none)$|[\[\]-]")
 
 
+def invalid(errs: list[dict]) -> APIError:
+    """pydantic's validation errors as one 400 in OpenAI's words, naming the field; pydantic's own
+    structure stays inside. Of a union's per-branch errors, the one that got furthest says most:
+    not a type mismatch, the deepest location."""
+    field = tuple(errs[0].get("loc", ()))[:2] if errs else ()
+    field = field if field[:1] == ("body",) else field[:1]  # a request body's fields are under "body"
+    same = [x for x in errs if tuple(x.get("loc", ()))[:len(field)] == field]
+    first = min(same, key=lambda x: (x.get("type", "").endswith("_type"), -len(x.get("loc", ())))) if same else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _UNION_TAG.search(str(p))]
+    param = ".".join(loc) or None
+    message = first.get("msg", "invalid request")
+    if first.get("type") == "json_invalid":
+        message, param = "the request body is not valid JSON", None
+    return APIError(400, f"{param}: {message}" if param else message, param)
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api(_: Request, e: APIError) -> JSONResponse:
@@ -72,19 +88,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, e: RequestValidationError) -> JSONResponse:
-        # Report the first problem in OpenAI's words; pydantic's own structure stays inside.
-        # Of a union's per-branch errors, the one that got furthest says most: not a type
-        # mismatch, the deepest location.
-        errs = e.errors()
-        field = errs[0].get("loc", ())[:2] if errs else ()
-        same = [x for x in errs if tuple(x.get("loc", ()))[:2] == tuple(field)]
-        first = min(same, key=lambda x: (x.get("type", "").endswith("_type"), -len(x.get("loc", ())))) if same else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _UNION_TAG.search(str(p))]
-        param = ".".join(loc) or None
-        message = first.get("msg", "invalid request")
-        if first.get("type") == "json_invalid":
-            message, param = "the request body is not valid JSON", None
-        return error_response(400, f"{param}: {message}" if param else message, param)
+        error = invalid(e.errors())
+        return error_response(error.status, error.message, error.param)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:

@@ -5,7 +5,7 @@ import time
 import uuid
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, WithJsonSchema, field_validator
 
 from vinoserve.scheduler.sampling_params import MAX_LOGPROBS
 
@@ -27,7 +27,9 @@ def _whole(value: object) -> object:
 
 Int = Annotated[int, BeforeValidator(_whole)]
 TokenId = Annotated[Int, Field(ge=0)]
-TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+# An id the server checks against the vocabulary: the OpenAPI document states that bound (openapi.py).
+VocabTokenId = Annotated[Int, Field(ge=0), WithJsonSchema({"type": "integer", "minimum": 0, "x-token-id": True})]
+TokenIds = Annotated[list[VocabTokenId], Field(min_length=1)]
 NonEmptyText = Annotated[str, Field(min_length=1)]
 
 
@@ -51,6 +53,7 @@ class _Sampling(_Request):
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
     min_tokens: Int = Field(0, ge=0)
+    skip_special_tokens: bool = True  # false: special tokens the model writes are part of the text
     prompt_logprobs: int | None = None
     logit_bias: dict[str, float] | None = None
     # Structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields
@@ -58,7 +61,7 @@ class _Sampling(_Request):
     structured_outputs: dict | None = None
     guided_json: dict | str | None = None
     guided_regex: str | None = None
-    guided_choice: list[str] | None = None
+    guided_choice: Annotated[list[str], Field(min_length=1)] | None = None
     guided_grammar: str | None = None
     # vinoserve's extension: override the server's --cache-eviction settings for this request,
     # e.g. {"max_cache_size": 256} or {"enabled": false}
@@ -81,11 +84,23 @@ class ContentPart(_Request):
 
 
 class ChatMessage(_Request):
+    # A tool result must say which call it answers, and what it says.
+    model_config = ConfigDict(json_schema_extra={"if": {"properties": {"role": {"const": "tool"}}},
+                                                 "then": {"required": ["content", "tool_call_id"],
+                                                          "properties": {"content": {"not": {"type": "null"}},
+                                                                         "tool_call_id": {"type": "string"}}}})
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
+    content: str | list[ContentPart] | None = Field(None, validate_default=True)
     name: str | None = None
     tool_calls: list[dict] | None = None
-    tool_call_id: str | None = None
+    tool_call_id: str | None = Field(None, validate_default=True)
+
+    @field_validator("content", "tool_call_id")
+    @classmethod
+    def _tool_result(cls, value, info: ValidationInfo):
+        if value is None and info.data.get("role") == "tool":
+            raise ValueError(f"a tool message needs {info.field_name}")
+        return value
 
 
 class ChatCompletionRequest(_Sampling):
@@ -97,6 +112,8 @@ class ChatCompletionRequest(_Sampling):
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool = True
+    # vLLM's: more variables for the chat template, e.g. {"enable_thinking": false}
+    chat_template_kwargs: dict | None = None
 
 
 class TokenizeRequest(_Request):
@@ -111,7 +128,7 @@ class TokenizeRequest(_Request):
 
 class DetokenizeRequest(_Request):
     model: str | None = None
-    tokens: list[TokenId]
+    tokens: list[VocabTokenId]
 
 
 def new_id(prefix: str) -> str:

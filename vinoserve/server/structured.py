@@ -6,7 +6,6 @@ import json
 
 from vinoserve.scheduler.grammar import GrammarCompiler, GrammarSpec
 from vinoserve.server.errors import APIError
-from vinoserve.server.tools import ToolPlan
 
 # vLLM's structured_outputs keys -> our grammar kinds
 _STRUCTURED_KEYS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "lark"}
@@ -82,13 +81,9 @@ async def compile_grammar(compiler: GrammarCompiler, spec: GrammarSpec, param: s
         raise APIError(400, f"invalid {param}: {e}", param) from e
 
 
-async def grammar_for(req, compiler: GrammarCompiler, tools: ToolPlan | None = None) -> GrammarSpec | None:
-    """The request's compiled output constraint (from its format fields, or its tools), or None."""
+async def grammar_for(req, compiler: GrammarCompiler) -> GrammarSpec | None:
+    """The request's compiled output constraint (from its format fields), or None."""
     found = requested_grammar(req)
-    if tools is not None:
-        if found is not None:
-            raise APIError(400, f"{found[1]} cannot be combined with tools (unless tool_choice is none)", found[1])
-        found = (tools.grammar(), "tools")
     if found is None:
         return None
     await compile_grammar(compiler, *found)
