@@ -29,6 +29,11 @@ ROUTES: dict[str, tuple[dict, tuple[int, ...]]] = {
     "/v1/models": (_JSON, _V1),
     "/v1/completions": ({**_JSON, **_SSE}, (*_BODY, *_V1, 500)),
     "/v1/chat/completions": ({**_JSON, **_SSE}, (*_BODY, *_V1, 500)),
+    "/v1/responses": ({**_JSON, **_SSE}, (*_BODY, *_V1, 500)),
+    "/v1/responses/{response_id}": (_JSON, (404, 401)),
+    "/v1/responses/{response_id}/input_items": (_JSON, (400, 404, 401)),
+    "/v1/messages": ({**_JSON, **_SSE}, (*_BODY, *_V1, 500)),
+    "/v1/messages/count_tokens": (_JSON, (*_BODY, *_V1)),
     "/tokenize": (_JSON, (*_BODY, *_V1)),
     "/detokenize": (_JSON, (*_BODY, *_V1)),
 }

@@ -94,6 +94,7 @@ class ChatMessage(_Request):
     name: str | None = None
     tool_calls: list[dict] | None = None
     tool_call_id: str | None = Field(None, validate_default=True)
+    reasoning_content: str | None = None  # an earlier turn's reasoning, for templates that render it (Qwen3)
 
     @field_validator("content", "tool_call_id")
     @classmethod
