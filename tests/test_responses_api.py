@@ -129,14 +129,14 @@ def test_tool_call_stream_and_round_trip(api_server, api_client):
     # The tool's output goes back as a function_call_output item, after the stored call.
     result = {"type": "function_call_output", "call_id": call.call_id, "output": '{"temperature_c": 21}'}
     after = api_client.responses.create(model=MODEL, input=[result], previous_response_id=r.id, tools=[WEATHER],
-                                        temperature=0, max_output_tokens=40, tool_choice="none")
+                                        temperature=0, max_output_tokens=20, tool_choice="none")
     chat = _chat(api_client, [
         {"role": "user", "content": body["input"]},
         {"role": "assistant", "tool_calls": [{"id": call.call_id, "type": "function",
                                               "function": {"name": call.name, "arguments": call.arguments}}]},
         {"role": "tool", "tool_call_id": call.call_id, "content": result["output"]}],
         tools=[{"type": "function", "function": {k: WEATHER[k] for k in ("name", "description", "parameters")}}],
-        tool_choice="none", max_tokens=40)
+        tool_choice="none", max_tokens=20)
     assert after.usage.input_tokens == chat.usage.prompt_tokens
     assert after.output_text == chat.choices[0].message.content
 
@@ -166,22 +166,22 @@ def test_previous_response_id_get_delete_and_input_items(api_server, api_client)
 
 @pytest.mark.parametrize("fields, param", [
     ({"background": True}, "background"),
-    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
-     "input[0].content[0].type"),
-    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]"),
-    ({"input": [{"type": "computer_call_output", "call_id": "c"}]}, "input[0].type"),
-    ({"input": [{"type": "function_call", "name": "f"}]}, "input[0].call_id"),
-    ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),
+     "input.0.message.content.0"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0"),
+    ({"input": [{"type": "computer_call_output", "call_id": "c"}]}, "input.0"),
+    ({"input": [{"type": "function_call", "name": "f"}]}, "input.0.function_call.call_id"),
+    ({"input": [{"role": "robot", "content": "hi"}]}, "input.0.message.role"),
     ({"input": 5}, "input"),
     ({"truncation": "auto"}, "truncation"),
     ({"top_logprobs": 2}, "top_logprobs"),
-    ({"include": ["message.output_text.logprobs"]}, "include"),
-    ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format"),
+    ({"include": ["message.output_text.logprobs"]}, "include.0"),
+    ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.json_schema.name"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}}, "text.format"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
-    ({"metadata": {"k" * 65: "v"}}, "metadata"),
+    ({"metadata": {str(i): "v" for i in range(17)}}, "metadata"),
     ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
     ({"conversation": "conv_1"}, "conversation"),
     ({"max_output_tokens": 0}, "max_output_tokens"),

@@ -116,7 +116,8 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
     app.state.vinoserve = state  # what serving.current reads
     app.state.stored_responses = ResponseStore(config.max_stored_responses)
     errors.install(app, {ANTHROPIC_PATHS: anthropic_error})
-    openapi.install(app, vocab_size=lambda: state.engine.vocab_size if state.serving is not None else None)
+    openapi.install(app, vocab_size=lambda: state.engine.vocab_size if state.serving is not None else None,
+                    model_name=lambda: state.serving.model_name if state.serving is not None else None)
     app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_request_bytes)
 
     async def authorized(request: Request) -> None:

@@ -90,8 +90,8 @@ def renamed(e: APIError, names: dict[str, str]) -> APIError:
     field instead: its first segment looked up in `names` (messages.0.content -> input)."""
     head = (e.param or "").split(".", 1)[0]
     if head in names:
-        if e.message.startswith(f"{e.param}:"):
-            e.message = f"{names[head]}:{e.message[len(e.param) + 1:]}"
+        if e.message.startswith(e.param) and e.message[len(e.param):][:1] in (":", " "):
+            e.message = names[head] + e.message[len(e.param):]
         e.param = names[head]
     return e
 

@@ -12,94 +12,71 @@ reasoning.encrypted_content, ...) are accepted, as OpenAI ignores unknown fields
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field
 
 from vinoserve.server.errors import APIError
-from vinoserve.server.protocol import Int, _Request
-
-_FUNCTION_KEYS = ("name", "description", "parameters", "strict")
-
-
-class TextConfig(_Request):
-    format: dict | None = None
-    verbosity: Literal["low", "medium", "high"] | None = None
+from vinoserve.server.protocol import Int, _Request, bounded_int, unsupported
+from vinoserve.server.responses.schema import (FunctionTool, Includable, Item, Metadata, ReasoningConfig, TextConfig,
+                                               ToolChoice, ToolChoiceAllowed, ToolChoiceFunction)
 
 
-class ReasoningConfig(_Request):
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
-    summary: Literal["auto", "concise", "detailed"] | None = None
-    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+def _no_auto_truncation(value: object) -> object:
+    if value == "auto":
+        raise ValueError("truncation 'auto' is not supported: an input over the context is refused either way")
+    return value
+
+
+def _no_logprobs(value: object) -> object:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        raise ValueError("logprobs are not supported on /v1/responses; use /v1/chat/completions")
+    return value
 
 
 class ResponsesRequest(_Request):
     model: str | None = None
-    input: str | list
+    input: str | Annotated[list[Item], Field(min_length=1)]
     instructions: str | None = None
-    tools: list[dict] = []
-    tool_choice: str | dict | None = None
+    tools: list[FunctionTool] = []
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
-    max_output_tokens: Int | None = Field(None, ge=1)
+    max_output_tokens: bounded_int(ge=1) | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     store: bool = True
     stream: bool = False
     previous_response_id: str | None = None
-    truncation: Literal["disabled", "auto"] | None = None
-    include: list[str] | None = None
-    top_logprobs: Int | None = Field(None, ge=0, le=20)
-    background: bool | None = None
-    conversation: str | dict | None = None
-    prompt: dict | None = None
-    context_management: list | dict | None = None
+    truncation: Annotated[Literal["disabled"] | None, BeforeValidator(_no_auto_truncation)] = None
+    include: list[Includable] | None = None
+    top_logprobs: Annotated[bounded_int(ge=0, le=0) | None, BeforeValidator(_no_logprobs)] = None
+    background: unsupported("background responses are not supported", Literal[False] | None) = None
+    conversation: unsupported("conversations are not supported; use previous_response_id") = None
+    prompt: unsupported("prompt templates are not supported") = None
+    context_management: unsupported("context management is not supported") = None
     # vLLM's sampling extras, as its Responses endpoint takes them
-    top_k: Int | None = Field(None, ge=-1)
+    top_k: bounded_int(ge=-1) | None = None
     min_p: float | None = Field(None, ge=0, le=1)
     seed: Int | None = None
     repetition_penalty: float | None = Field(None, gt=0)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
 
-    @field_validator("metadata")
-    @classmethod
-    def _metadata(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        # OpenAI's limits: 16 pairs, keys up to 64 characters, values up to 512.
-        if value is not None and (len(value) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in value.items())):
-            raise ValueError("at most 16 pairs, keys up to 64 characters and values up to 512")
-        return value
-
-
-def refuse_unsupported(body: ResponsesRequest, reasons: bool) -> None:
-    """400 for fields that would change the result but cannot be honoured here. `reasons`:
-    whether the model reasons (the server has a reasoning parser)."""
-    refused = [("background", body.background, "background responses are not supported"),
-               ("conversation", body.conversation is not None, "conversations are not supported; use "
-                                                                "previous_response_id"),
-               ("prompt", body.prompt is not None, "prompt templates are not supported"),
-               ("context_management", body.context_management is not None, "context management is not supported"),
-               ("truncation", body.truncation == "auto", "truncation 'auto' is not supported: an input over the "
-                                                         "context is refused either way"),
-               ("top_logprobs", bool(body.top_logprobs), "logprobs are not supported on /v1/responses; use "
-                                                        "/v1/chat/completions"),
-               ("include", "message.output_text.logprobs" in (body.include or []),
-                "logprobs are not supported on /v1/responses; use /v1/chat/completions"),
-               ("text.verbosity", body.text is not None and body.text.verbosity not in (None, "medium"),
-                "text.verbosity is not supported by this model"),
-               ("reasoning.effort", not reasons and body.reasoning is not None
-                and body.reasoning.effort not in (None, "none"), "this model does not reason")]
-    for param, hit, message in refused:
-        if hit:
-            raise APIError(400, message, param)
+    def items(self) -> list[dict]:
+        """The input as items (a string is one user message), as plain dicts."""
+        if isinstance(self.input, str):
+            return [{"type": "message", "role": "user", "content": self.input}]
+        return [i.model_dump(exclude_none=True, by_alias=True) for i in self.input]
 
 
 def chat_fields(body: ResponsesRequest, messages: list[dict], reasons: bool) -> dict:
     """The ChatCompletionRequest fields of a Responses request, its conversation given as chat
     messages (any earlier response's, then the input's)."""
-    refuse_unsupported(body, reasons)
+    if not reasons and body.reasoning is not None and body.reasoning.effort not in (None, "none"):
+        raise APIError(400, "this model does not reason", "reasoning.effort")
     fields = {"messages": messages, "parallel_tool_calls": body.parallel_tool_calls, "stream": body.stream,
               "max_completion_tokens": body.max_output_tokens, "response_format": response_format(body.text),
               **body.model_dump(include={"temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty",
@@ -117,45 +94,27 @@ def chat_fields(body: ResponsesRequest, messages: list[dict], reasons: bool) -> 
     return fields
 
 
-def chat_tools(tools: list[dict]) -> list[dict]:
-    """Responses' flat function tools as chat tools; any other tool type is refused."""
-    out = []
-    for i, tool in enumerate(tools):
-        kind = tool.get("type")
-        if kind != "function":
-            raise APIError(400, f"tools[{i}]: tools of type {kind!r} are not supported; this server runs function "
-                                "tools only", f"tools[{i}].type")
-        if not isinstance(tool.get("name"), str):
-            raise APIError(400, f"tools[{i}].name must be a string", f"tools[{i}].name")
-        out.append({"type": "function", "function": {k: tool[k] for k in _FUNCTION_KEYS if tool.get(k) is not None}})
-    return out
+def chat_tools(tools: list[FunctionTool]) -> list[dict]:
+    """Responses' flat function tools as chat tools."""
+    return [{"type": "function", "function": t.model_dump(include={"name", "description", "parameters", "strict"},
+                                                          exclude_none=True)} for t in tools]
 
 
-def chat_tool_choice(choice: str | dict | None, tools: list[dict]) -> tuple[str | dict | None, list[dict]]:
+def chat_tool_choice(choice: ToolChoice | None, tools: list[dict]) -> tuple[str | dict | None, list[dict]]:
     """Responses' tool_choice as chat's, and the tools it leaves on offer."""
-    if choice is None or choice in ("auto", "none", "required"):
-        return choice, tools
-    kind = choice.get("type") if isinstance(choice, dict) else None
-    if kind == "function" and isinstance(choice.get("name"), str):
-        return {"type": "function", "function": {"name": choice["name"]}}, tools
-    if kind == "allowed_tools" and choice.get("mode") in ("auto", "required"):
-        names = {t.get("name") for t in choice.get("tools") or []
-                 if isinstance(t, dict) and t.get("type") == "function"}
-        return choice["mode"], [t for t in tools if t["function"]["name"] in names]
-    raise APIError(400, "tool_choice must be none, auto, required, {\"type\": \"function\", \"name\": ...} or "
-                        f"allowed_tools over function tools; got {choice!r}", "tool_choice")
+    if isinstance(choice, ToolChoiceFunction):
+        return {"type": "function", "function": {"name": choice.name}}, tools
+    if isinstance(choice, ToolChoiceAllowed):
+        names = {t.get("name") for t in choice.tools if t.get("type") == "function"}
+        return choice.mode, [t for t in tools if t["function"]["name"] in names]
+    return choice, tools
 
 
 def response_format(text: TextConfig | None) -> dict | None:
     """text.format as chat's response_format."""
     fmt = text.format if text is not None else None
-    kind = fmt.get("type") if fmt is not None else "text"
-    if kind == "text":
+    if fmt is None or fmt.type == "text":
         return None
-    if kind == "json_object":
+    if fmt.type == "json_object":
         return {"type": "json_object"}
-    if kind == "json_schema" and isinstance(fmt.get("schema"), dict) and isinstance(fmt.get("name"), str):
-        return {"type": "json_schema", "json_schema": {k: fmt[k] for k in ("name", "schema", "strict", "description")
-                                                       if k in fmt}}
-    raise APIError(400, "text.format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
-                        "{\"type\": \"json_schema\", \"name\": ..., \"schema\": {...}}", "text.format")
+    return {"type": "json_schema", "json_schema": fmt.model_dump(exclude={"type"}, exclude_none=True, by_alias=True)}

@@ -35,11 +35,10 @@ async def create_response(body: ResponsesRequest, raw: Request, serving: Serving
     serving.check_model(body.model)
     earlier = store.get(body.previous_response_id, "previous_response_id").conversation \
         if body.previous_response_id else []
-    items = [{"type": "message", "role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
+    items = body.items()
     instructions = [{"type": "message", "role": "system", "content": body.instructions}] if body.instructions else []
     try:
-        messages = leading_system([*to_messages(instructions, "instructions"),
-                                   *to_messages(earlier, "previous_response_id"), *to_messages(items)])
+        messages = leading_system(to_messages([*instructions, *earlier, *items]))
         req = chat_request(chat_fields(body, messages, serving.chat.reasoning is not None))
         prepared = await prepare_chat(serving, req)
         streams = serving.admit([prepared.prompt], prepared.params, "input")
@@ -58,13 +57,12 @@ async def create_response(body: ResponsesRequest, raw: Request, serving: Serving
     return await unless_disconnected(raw, _whole(builder, events, keep), streams)
 
 
-@router.get("/v1/responses/{response_id}")
-async def get_response(response_id: str, store: ResponseStore = Depends(stored_responses)) -> JSONResponse:
-    return JSONResponse(store.get(response_id).response)
-
-
-@router.delete("/v1/responses/{response_id}")
-async def delete_response(response_id: str, store: ResponseStore = Depends(stored_responses)) -> JSONResponse:
+@router.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"])
+async def stored_response(response_id: str, raw: Request,
+                          store: ResponseStore = Depends(stored_responses)) -> JSONResponse:
+    """GET: the stored response; DELETE: forget it. One route, so that a 405 lists both methods."""
+    if raw.method == "GET":
+        return JSONResponse(store.get(response_id).response)
     store.delete(response_id)
     return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
@@ -100,13 +98,15 @@ async def _whole(builder: ResponseBuilder, events, keep: Callable[[dict], None])
 
 def _echoed(body: ResponsesRequest, model: str, params: SamplingParams) -> dict:
     """The Response's fields that say what was asked, sampling as it was applied."""
-    tools = [{k: t[k] for k in ("type", "name", "description", "parameters", "strict") if k in t} for t in body.tools]
-    text_format = body.text.format if body.text is not None and body.text.format is not None else {"type": "text"}
+    fmt = body.text.format if body.text is not None else None
+    choice = body.tool_choice or "auto"
     return {"id": item_id("resp"), "object": "response", "created_at": int(time.time()), "model": model,
             "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
             "metadata": body.metadata or {}, "parallel_tool_calls": body.parallel_tool_calls,
             "previous_response_id": body.previous_response_id,
             "reasoning": body.reasoning.model_dump() if body.reasoning else {"effort": None, "summary": None},
             "store": body.store, "temperature": params.temperature, "top_p": params.top_p,
-            "text": {"format": text_format}, "tool_choice": body.tool_choice or "auto", "tools": tools,
+            "text": {"format": fmt.model_dump(exclude_none=True, by_alias=True) if fmt else {"type": "text"}},
+            "tool_choice": choice if isinstance(choice, str) else choice.model_dump(),
+            "tools": [t.model_dump(exclude_none=True) for t in body.tools],
             "truncation": body.truncation or "disabled", "background": False}
