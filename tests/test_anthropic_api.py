@@ -5,7 +5,6 @@ same text, so a conversion that loses or adds anything shows. (Sampling fields g
 this SDK no longer sends temperature.)"""
 from __future__ import annotations
 
-import asyncio
 import json
 
 import anthropic
@@ -15,7 +14,7 @@ import pytest
 from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
-from test_server import metric
+from server_process import leave_stream, sse_events, wait_idle
 
 pytestmark = pytest.mark.slow
 MODEL = "smollm2-135m-instruct"
@@ -40,19 +39,10 @@ def _chat(api_client, messages: list[dict], **kwargs):
 
 def _events(server, body: dict) -> list[dict]:
     """The raw SSE events of a streamed message, each checked against the SDK's event types."""
-    events = []
-    with httpx.stream("POST", f"{server.url}/v1/messages", json={**body, "stream": True}, timeout=120) as r:
-        assert r.status_code == 200, r.read()
-        name = None
-        for line in r.iter_lines():
-            if line.startswith("event: "):
-                name = line[7:]
-            elif line.startswith("data: "):
-                event = json.loads(line[6:])
-                assert event["type"] == name
-                if name != "ping":
-                    EVENTS.validate_python(event)
-                events.append(event)
+    events = sse_events(f"{server.url}/v1/messages", body)
+    for event in events:
+        if event["type"] != "ping":
+            EVENTS.validate_python(event)
     return events
 
 
@@ -166,31 +156,20 @@ def test_errors_in_anthropic_shape(api_server, fields, status, kind, says):
     assert r.status_code == status, r.text
     error = r.json()
     assert error["type"] == "error" and error["error"]["type"] == kind and says in error["error"]["message"], error
-    r = httpx.post(f"{api_server.url}/v1/messages", content=b"{nope", timeout=60)
-    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_sdk_raises_its_own_errors_and_disconnects_free_everything(api_server, claude):
     with pytest.raises(anthropic.NotFoundError) as e:
         claude.messages.create(model="claude-opus", max_tokens=5, messages=ASK)
     assert e.value.body["error"]["type"] == "not_found_error"
+    for content, status, kind in ((b"{nope", 400, "invalid_request_error"),
+                                  (b" " * (4 * 2**20 + 1), 413, "request_too_large")):  # over --max-request-bytes
+        r = httpx.post(f"{api_server.url}/v1/messages", content=content, timeout=60,
+                       headers={"content-type": "application/json"})
+        assert r.status_code == status and r.json() == {"type": "error", "error": {
+            "type": kind, "message": r.json()["error"]["message"]}}
     body = {"model": MODEL, "max_tokens": 2000, "messages": [{"role": "user", "content": "Tell a long story."}],
             "stream": True}
 
-    async def leave_early() -> int:
-        seen = 0
-        async with httpx.AsyncClient(timeout=120) as client:
-            async with client.stream("POST", f"{api_server.url}/v1/messages", json=body) as r:
-                async for line in r.aiter_lines():
-                    seen += line.startswith("event: content_block_delta")
-                    if seen == 3:
-                        return seen
-        return seen
-
-    assert asyncio.run(leave_early()) == 3
-    for _ in range(100):
-        if metric(api_server, "vllm:num_requests_running") == 0:
-            break
-        asyncio.run(asyncio.sleep(0.1))
-    assert metric(api_server, "vllm:num_requests_running") == 0
-    assert metric(api_server, "vllm:kv_cache_usage_perc") == 0
+    assert leave_stream(f"{api_server.url}/v1/messages", body, "content_block_delta") == 3
+    assert wait_idle(api_server) == {"vllm:num_requests_running": 0, "vllm:kv_cache_usage_perc": 0}

@@ -5,7 +5,6 @@ conversation: the same prompt tokens and the same text, so a conversion that los
 anything shows."""
 from __future__ import annotations
 
-import asyncio
 import json
 
 import httpx
@@ -15,7 +14,7 @@ import pytest
 from openai.types.responses import Response, ResponseItemList, ResponseStreamEvent
 from pydantic import BaseModel, Field, TypeAdapter
 
-from test_server import metric
+from server_process import leave_stream, sse_events, wait_idle
 
 pytestmark = pytest.mark.slow
 MODEL = "smollm2-135m-instruct"
@@ -32,18 +31,9 @@ def _chat(client: openai.OpenAI, messages: list[dict], **kwargs):
 
 def _events(server, body: dict) -> list[dict]:
     """The raw SSE events of a streamed response, each checked against the SDK's event types."""
-    events = []
-    with httpx.stream("POST", f"{server.url}/v1/responses", json={**body, "stream": True}, timeout=120) as r:
-        assert r.status_code == 200, r.read()
-        name = None
-        for line in r.iter_lines():
-            if line.startswith("event: "):
-                name = line[7:]
-            elif line.startswith("data: "):
-                event = json.loads(line[6:])
-                assert event["type"] == name
-                EVENTS.validate_python(event)
-                events.append(event)
+    events = sse_events(f"{server.url}/v1/responses", body)
+    for event in events:
+        EVENTS.validate_python(event)
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     return events
 
@@ -199,25 +189,8 @@ def test_unknown_model_and_disconnect_leave_nothing_behind(api_server, api_clien
         api_client.responses.create(model="nope", input=ASK)
     body = {"model": MODEL, "input": "Tell me a long story.", "max_output_tokens": 2000, "stream": True}
 
-    async def leave_early() -> int:
-        seen = 0
-        async with httpx.AsyncClient(timeout=120) as client:
-            async with client.stream("POST", f"{api_server.url}/v1/responses", json=body) as r:
-                async for line in r.aiter_lines():
-                    seen += line.startswith("event: response.output_text.delta")
-                    if seen == 3:
-                        return seen
-        return seen
-
-    assert asyncio.run(leave_early()) == 3
-    with pytest.raises(httpx.ReadTimeout):  # a whole reply whose client leaves is aborted too
-        httpx.post(f"{api_server.url}/v1/responses", json={**body, "stream": False}, timeout=1.5)
-    for _ in range(100):
-        if metric(api_server, "vllm:num_requests_running") == 0:
-            break
-        asyncio.run(asyncio.sleep(0.1))
-    assert metric(api_server, "vllm:num_requests_running") == 0
-    assert metric(api_server, "vllm:kv_cache_usage_perc") == 0
+    assert leave_stream(f"{api_server.url}/v1/responses", body, "response.output_text.delta") == 3
+    assert wait_idle(api_server) == {"vllm:num_requests_running": 0, "vllm:kv_cache_usage_perc": 0}
 
 
 def test_openai_agents_default_model_runs_a_function_tool(api_server):

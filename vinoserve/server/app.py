@@ -115,10 +115,11 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
     app = FastAPI(title="vinoserve", lifespan=lifespan)
     app.state.vinoserve = state  # what serving.current reads
     app.state.stored_responses = ResponseStore(config.max_stored_responses)
-    errors.install(app, {ANTHROPIC_PATHS: anthropic_error})
+    shapes = {ANTHROPIC_PATHS: anthropic_error}  # error bodies in Anthropic's shape on its API's paths
+    errors.install(app, shapes)
     openapi.install(app, vocab_size=lambda: state.engine.vocab_size if state.serving is not None else None,
                     model_name=lambda: state.serving.model_name if state.serving is not None else None)
-    app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_request_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_request_bytes, shapes=shapes)
 
     async def authorized(request: Request) -> None:
         if config.api_key is None:

@@ -96,14 +96,18 @@ def renamed(e: APIError, names: dict[str, str]) -> APIError:
     return e
 
 
+def shape_for(path: str, shapes: dict[str, ErrorShape] | None) -> ErrorShape:
+    """The error body for `path`: `shapes[prefix]`'s under a prefix, else OpenAI's."""
+    return next((f for prefix, f in (shapes or {}).items() if path.startswith(prefix)), error_body)
+
+
 def install(app: FastAPI, shapes: dict[str, ErrorShape] | None = None) -> None:
     """Error handlers answering in OpenAI's body, or in `shapes[prefix]`'s for paths under a prefix
     (the Anthropic Messages API answers in Anthropic's)."""
     def respond(request: Request, status: int, message: str, param: str | None = None, code: str | None = None,
                 headers: dict[str, str] | None = None) -> JSONResponse:
-        path = request.url.path
-        shape = next((f for prefix, f in (shapes or {}).items() if path.startswith(prefix)), error_body)
-        return JSONResponse(shape(status, message, param, code), status_code=status, headers=headers)
+        body = shape_for(request.url.path, shapes)(status, message, param, code)
+        return JSONResponse(body, status_code=status, headers=headers)
 
     @app.exception_handler(APIError)
     async def _api(request: Request, e: APIError) -> JSONResponse:

@@ -9,9 +9,10 @@ from collections.abc import Callable
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from vinoserve.server.anthropic.errors import PATH_PREFIX as ANTHROPIC_PATHS, AnthropicErrorResponse
 from vinoserve.server.protocol import ErrorResponse
 
-_WHY = {400: "Invalid request (OpenAI error body naming the parameter)",
+_WHY = {400: "Invalid request (an error body naming the parameter)",
         401: "Missing or wrong API key (only when the server has --api-key)",
         404: "The model named is not the one served",
         413: "Request body over --max-request-bytes",
@@ -59,15 +60,18 @@ def install(app: FastAPI, vocab_size: Callable[[], int | None] = lambda: None,
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
         for name in ("HTTPValidationError", "ValidationError"):
             schemas.pop(name, None)
-        schemas.update(ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}").pop("$defs"))
-        schemas["ErrorResponse"] = ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
-        error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+        for model in (ErrorResponse, AnthropicErrorResponse):
+            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(schema.pop("$defs"))
+            schemas[model.__name__] = schema
         for path, ops in doc["paths"].items():
             if path not in ROUTES:  # a route this table does not know: only drop the false 422
                 for op in ops.values():
                     op.get("responses", {}).pop("422", None)
                 continue
             content, statuses = ROUTES[path]
+            shape = AnthropicErrorResponse if path.startswith(ANTHROPIC_PATHS) else ErrorResponse
+            error = {"application/json": {"schema": {"$ref": f"#/components/schemas/{shape.__name__}"}}}
             for op in ops.values():
                 ok = {"description": "Success"}
                 if content:

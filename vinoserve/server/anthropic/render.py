@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import AsyncIterator
 
 from vinoserve.server.anthropic.errors import anthropic_error
 from vinoserve.server.errors import failure
@@ -78,6 +77,11 @@ class MessageBuilder:
                                             "usage": dict(counts)}),
                          ("message_stop", {"type": "message_stop"})]
 
+    def failed(self, error: Exception) -> list[Event]:
+        """A failure after the stream began: Anthropic's `error` event."""
+        status, message, _ = failure(error)
+        return [("error", anthropic_error(status, message))]
+
     def _switch(self, key: tuple, call: ToolCallStart | None = None) -> list[Event]:
         if self.open == key:
             return []
@@ -116,25 +120,3 @@ def _tool_input(arguments: str) -> dict:
         return {}
     return value if isinstance(value, dict) else {}
 
-
-async def stream_events(builder: MessageBuilder, events: AsyncIterator[Step | Usage]) -> AsyncIterator[Event]:
-    """The streamed events; a failure after the first is Anthropic's `error` event, ending the stream."""
-    for event in builder.start():
-        yield event
-    try:
-        async for item in events:
-            for event in (builder.done(item) if isinstance(item, Usage) else builder.step(item)):
-                yield event
-    except Exception as e:  # noqa: BLE001 - the status line is sent; the failure goes in the stream
-        status, message, _ = failure(e)
-        yield "error", anthropic_error(status, message)
-
-
-async def whole(builder: MessageBuilder, events: AsyncIterator[Step | Usage]) -> dict:
-    """The finished Message; a failure propagates (the route answers it with an error status)."""
-    async for item in events:
-        if isinstance(item, Usage):
-            builder.done(item)
-        else:
-            builder.step(item)
-    return builder.message

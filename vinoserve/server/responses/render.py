@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from vinoserve.server.errors import failure
 from vinoserve.server.events import Finish, ReasoningDelta, Step, TextDelta, ToolCallDelta, ToolCallStart, Usage
@@ -139,25 +139,3 @@ class ResponseBuilder:
     def _snapshot(self) -> dict:
         return copy.deepcopy(self.response)
 
-
-async def stream_events(builder: ResponseBuilder, events: AsyncIterator[Step | Usage]) -> AsyncIterator[dict]:
-    """The streamed events; a failure after the first is response.failed, ending the stream."""
-    for event in builder.start():
-        yield event
-    try:
-        async for item in events:
-            for event in (builder.done(item) if isinstance(item, Usage) else builder.step(item)):
-                yield event
-    except Exception as e:  # noqa: BLE001 - the status line is sent; the failure goes in the stream
-        for event in builder.failed(e):
-            yield event
-
-
-async def whole(builder: ResponseBuilder, events: AsyncIterator[Step | Usage]) -> dict:
-    """The finished Response; a failure propagates (the route answers it with an error status)."""
-    async for item in events:
-        if isinstance(item, Usage):
-            builder.done(item)
-        else:
-            builder.step(item)
-    return builder.response

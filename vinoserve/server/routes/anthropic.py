@@ -11,12 +11,13 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from vinoserve.server.anthropic.render import MessageBuilder, stream_events, whole
+from vinoserve.server.anthropic.render import MessageBuilder
 from vinoserve.server.anthropic.request import CountTokensRequest, MessagesRequest, chat_fields
+from vinoserve.server.builders import built, streamed
 from vinoserve.server.chat_prep import chat_prompt_text, chat_request, prepare_chat
 from vinoserve.server.delivery import event_stream_response, sse, unless_disconnected
 from vinoserve.server.errors import APIError, renamed
-from vinoserve.server.responses.items import item_id
+from vinoserve.server.protocol import new_id
 from vinoserve.server.serving import Serving, current
 from vinoserve.server.tools import tool_plan
 
@@ -35,7 +36,7 @@ async def create_message(body: MessagesRequest, raw: Request, serving: Serving =
     except APIError as e:
         raise renamed(e, _FIELDS) from None
     events = serving.events([prepared.prompt], streams, prepared.choice_text)
-    builder = MessageBuilder(item_id("msg"), serving.model_name, len(prepared.prompt))
+    builder = MessageBuilder(new_id("msg"), serving.model_name, len(prepared.prompt))
     if body.stream:
         return event_stream_response(_streamed(builder, events), streams)
     return await unless_disconnected(raw, _whole(builder, events), streams)
@@ -54,10 +55,11 @@ async def count_tokens(body: CountTokensRequest, serving: Serving = Depends(curr
 
 
 async def _streamed(builder: MessageBuilder, events) -> AsyncIterator[str]:
-    async for name, data in stream_events(builder, events):
+    async for name, data in streamed(builder, events):
         yield sse(data, event=name)
 
 
 async def _whole(builder: MessageBuilder, events) -> JSONResponse:
-    return JSONResponse(await whole(builder, events))
+    await built(builder, events)
+    return JSONResponse(builder.message)
 

@@ -15,7 +15,8 @@ from vinoserve.server.chat_prep import chat_request, prepare_chat
 from vinoserve.server.delivery import event_stream_response, sse, unless_disconnected
 from vinoserve.server.errors import APIError, renamed
 from vinoserve.server.responses.items import item_id, leading_system, listed, to_messages
-from vinoserve.server.responses.render import ResponseBuilder, stream_events, whole
+from vinoserve.server.builders import built, streamed
+from vinoserve.server.responses.render import ResponseBuilder
 from vinoserve.server.responses.request import ResponsesRequest, chat_fields
 from vinoserve.server.responses.store import ResponseStore, StoredResponse
 from vinoserve.server.serving import Serving, current
@@ -84,16 +85,16 @@ async def input_items(response_id: str, limit: int = Query(20, ge=1, le=100),
 
 
 async def _streamed(builder: ResponseBuilder, events, keep: Callable[[dict], None]) -> AsyncIterator[str]:
-    async for event in stream_events(builder, events):
+    async for event in streamed(builder, events):
         if event["type"] in ("response.completed", "response.incomplete"):
             keep(builder.response)  # before the client hears of it, so that it can continue from it
         yield sse(event, event=event["type"])
 
 
 async def _whole(builder: ResponseBuilder, events, keep: Callable[[dict], None]) -> JSONResponse:
-    response = await whole(builder, events)
-    keep(response)
-    return JSONResponse(response)
+    await built(builder, events)
+    keep(builder.response)
+    return JSONResponse(builder.response)
 
 
 def _echoed(body: ResponsesRequest, model: str, params: SamplingParams) -> dict:
