@@ -1,15 +1,21 @@
-"""Write tiny random HF models as GGUF files the way llama.cpp's converter does."""
+"""Write tiny random HF models as GGUF files the way llama.cpp's converter (convert_hf_to_gguf.py)
+does: its tensor names (gguf-py's own name map), Q/K row permutation for llama, Gemma's norm
++1, Phi-3's fused tensors and LongRoPE factor tensors, and the metadata keys each writes."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config,
+                          Qwen2Config, Qwen3Config)
 
-_CONFIGS = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}
+_CONFIGS = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
+            "gemma3": Gemma3TextConfig, "phi3": Phi3Config}
+_GGUF_ARCH = {"mistral": "llama"}  # Mistral GGUFs are llama
 
 
 def _bytes_to_unicode() -> list[str]:
@@ -45,23 +51,30 @@ TINY_VOCAB = Vocab(TOKENS, [1] * (len(TOKENS) - 2) + [3, 3], EOS_ID)
 
 def tiny_hf_model(arch: str = "llama", *, seed: int = 0, heads: int = 4, kv_heads: int = 2, layers: int = 2,
                   tie: bool = False, rope_scaling: dict | None = None, rope_theta: float = 10000.0,
-                  vocab: Vocab = TINY_VOCAB):
+                  head_dim: int | None = None, max_positions: int = 512, vocab: Vocab = TINY_VOCAB, **family):
+    """`family`: that config class's own keys (sliding_window, partial_rotary_factor, ...)."""
+    head_dim = head_dim or 64 // heads
+    if arch != "phi3":  # Phi-3's head size is hidden / heads
+        family["head_dim"] = head_dim
+    if arch == "gemma3":  # as every Gemma 3 but the 27B (llama.cpp's rule: the file has no such key)
+        family.setdefault("query_pre_attn_scalar", head_dim)
     cfg = _CONFIGS[arch](
         vocab_size=len(vocab.tokens), hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=64 // heads,
-        max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=rope_theta,
-        rope_scaling=rope_scaling, tie_word_embeddings=tie, eos_token_id=vocab.eos_id,
-        attn_implementation="eager",
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+        rms_norm_eps=1e-5, rope_theta=rope_theta, rope_scaling=rope_scaling, tie_word_embeddings=tie,
+        eos_token_id=vocab.eos_id, bos_token_id=None, pad_token_id=None, attn_implementation="eager", **family,
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    # Gemma's norms scale by (1 + w), the others by w.
+    norm_centre = 0.0 if arch == "gemma3" else 1.0
     with torch.no_grad():
         for p in model.parameters():
             # Larger than HF's init so attention is not uniform, rounded to f16 so the GGUF holds them exactly.
             p.copy_((torch.randn_like(p) * 0.2).half().float())
         for name, p in model.named_parameters():
             if "norm" in name:
-                p.copy_((1.0 + 0.1 * torch.randn_like(p)).half().float())
+                p.copy_((norm_centre + 0.1 * torch.randn_like(p)).half().float())
     return model
 
 
@@ -70,12 +83,53 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(model, path: Path, arch: str = "llama", rope_freq_factors: np.ndarray | None = None,
-               linear_scaling: float | None = None, q8_0: tuple[str, ...] = (), vocab: Vocab = TINY_VOCAB) -> Path:
+def write_gguf(model, path: Path, arch: str = "llama", q8_0: tuple[str, ...] = (), vocab: Vocab = TINY_VOCAB) -> Path:
     """`q8_0`: GGUF tensor names to store as Q8_0 blocks (the rest: matrices f16, vectors f32)."""
     cfg = model.config
-    gguf_arch = "qwen2" if arch == "qwen2" else "llama"  # Mistral GGUFs use the llama architecture
+    gguf_arch = _GGUF_ARCH.get(arch, arch)
     w = gguf.GGUFWriter(str(path), gguf_arch)
+    _common_metadata(w, cfg)
+    _family_metadata(w, cfg, arch)
+    _tokenizer(w, vocab)
+    names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == gguf_arch),
+                                     cfg.num_hidden_layers)
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        out = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        a = _as_stored(t.numpy(), name, arch, cfg)
+        if out in q8_0:
+            w.add_tensor(out, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
+                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            continue
+        # llama.cpp keeps 1-D tensors (norms, biases) in f32, matrices in f16.
+        w.add_tensor(out, a.astype(np.float16 if a.ndim == 2 else np.float32))
+    if cfg.rope_parameters.get("rope_type") == "llama3":
+        # LlamaModel.generate_extra_tensors: Llama 3 scaling as divisors of the plain inverse frequencies.
+        exponents = np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim
+        plain = 1.0 / cfg.rope_parameters["rope_theta"] ** exponents
+        w.add_tensor("rope_freqs.weight", (plain / model.model.rotary_emb.inv_freq.double().numpy()).astype(np.float32))
+    if arch == "phi3" and cfg.rope_parameters.get("long_factor"):
+        w.add_tensor("rope_factors_long.weight", np.array(cfg.rope_parameters["long_factor"], np.float32))
+        w.add_tensor("rope_factors_short.weight", np.array(cfg.rope_parameters["short_factor"], np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _as_stored(a: np.ndarray, name: str, arch: str, cfg) -> np.ndarray:
+    if arch in ("llama", "mistral") and "self_attn.q_proj" in name:
+        return _permute(a, cfg.num_attention_heads)
+    if arch in ("llama", "mistral") and "self_attn.k_proj" in name:
+        return _permute(a, cfg.num_key_value_heads)
+    if arch == "gemma3" and name.endswith("norm.weight"):
+        return a + 1.0  # Gemma3Model.norm_shift
+    return a
+
+
+def _common_metadata(w: gguf.GGUFWriter, cfg) -> None:
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
@@ -83,12 +137,43 @@ def write_gguf(model, path: Path, arch: str = "llama", rope_freq_factors: np.nda
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    w.add_rope_dimension_count(cfg.head_dim)
     w.add_vocab_size(cfg.vocab_size)
-    if linear_scaling:
-        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(linear_scaling)
+
+
+def _family_metadata(w: gguf.GGUFWriter, cfg, arch: str) -> None:
+    """What each converter class adds (LlamaModel, Qwen3Model, Gemma3Model, Phi3MiniModel)."""
+    rope = cfg.rope_parameters
+    if arch == "gemma3":
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
+        w.add_rope_freq_base(rope["full_attention"]["rope_theta"])
+        w.add_sliding_window(cfg.sliding_window)
+        if rope["full_attention"].get("rope_type") == "linear":  # only the global layers' (4B and up)
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(rope["full_attention"]["factor"])
+    elif arch == "phi3":
+        rot_dims = int(rope.get("partial_rotary_factor", 1.0) * cfg.hidden_size) // cfg.num_attention_heads
+        orig = rope.get("original_max_position_embeddings", cfg.max_position_embeddings)
+        w.add_rope_scaling_orig_ctx_len(orig)
+        w.add_rope_dimension_count(rot_dims)
+        w.add_rope_freq_base(rope["rope_theta"])
+        w.add_sliding_window(cfg.sliding_window or 0)
+        w.add_pad_token_id(cfg.eos_token_id)  # HF's Phi3Config would default to 32000, past a tiny vocabulary
+        if rope.get("long_factor"):
+            scale = cfg.max_position_embeddings / orig
+            w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0)
+    else:
+        w.add_rope_freq_base(rope["rope_theta"])
+        w.add_rope_dimension_count(cfg.head_dim)
+        if rope.get("rope_type") == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(rope["factor"])
+        if arch == "qwen3":
+            w.add_key_length(cfg.head_dim)
+            w.add_value_length(cfg.head_dim)
+
+
+def _tokenizer(w: gguf.GGUFWriter, vocab: Vocab) -> None:
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt2")
     w.add_token_list(vocab.tokens)
@@ -98,40 +183,24 @@ def write_gguf(model, path: Path, arch: str = "llama", rope_freq_factors: np.nda
     w.add_add_bos_token(False)
     w.add_chat_template(vocab.chat_template)
 
-    permute = arch != "qwen2"
-    names = {
-        "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-        "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-        "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-    }
-    for name, t in model.state_dict().items():
-        a = t.numpy()
-        if name == "model.embed_tokens.weight":
-            out = "token_embd.weight"
-        elif name == "model.norm.weight":
-            out = "output_norm.weight"
-        elif name == "lm_head.weight":
-            if cfg.tie_word_embeddings:
-                continue
-            out = "output.weight"
-        else:
-            _, _, layer, *rest = name.split(".")
-            module, kind = ".".join(rest[:-1]), rest[-1]
-            out = f"blk.{layer}.{names[module]}.{kind}"
-            if permute and module == "self_attn.q_proj":
-                a = _permute(a, cfg.num_attention_heads)
-            elif permute and module == "self_attn.k_proj":
-                a = _permute(a, cfg.num_key_value_heads)
-        if out in q8_0:
-            w.add_tensor(out, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
-                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-            continue
-        # llama.cpp keeps 1-D tensors (norms, biases) in f32, matrices in f16.
-        w.add_tensor(out, a.astype(np.float16 if a.ndim == 2 else np.float32))
-    if rope_freq_factors is not None:
-        w.add_tensor("rope_freqs.weight", rope_freq_factors.astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+
+# The families beyond Llama's, tiny, each with what sets it apart: windows shorter than the test
+# prompts and not a multiple of the 32-token KV block, a head size other than hidden / heads,
+# RoPE scaled on Gemma's global layers only, Phi-4-mini's partial RoPE, LongRoPE past a short
+# trained context.
+FAMILIES = {
+    "qwen3": dict(arch="qwen3", heads=4, kv_heads=2, head_dim=32, rope_theta=1e6),
+    "gemma3": dict(arch="gemma3", heads=2, kv_heads=1, head_dim=32, layers=6, tie=True, rope_theta=1e6,
+                   sliding_window=24, rope_scaling={"rope_type": "linear", "factor": 8.0}),
+    "phi3": dict(arch="phi3", heads=4, kv_heads=2, partial_rotary_factor=0.75, sliding_window=40),
+    "phi3-longrope": dict(arch="phi3", heads=4, kv_heads=2, original_max_position_embeddings=64,
+                          rope_scaling={"rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                                        "long_factor": [2.0 + 0.5 * i for i in range(8)]}),
+}
+
+
+def family_gguf(spec: dict, path: Path):
+    """(the HF model, its GGUF) for a FAMILIES entry (or any spec with an `arch`)."""
+    kwargs = {k: v for k, v in spec.items() if k != "arch"}
+    hf = tiny_hf_model(spec["arch"], **kwargs)
+    return hf, write_gguf(hf, path, spec["arch"])

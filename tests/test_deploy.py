@@ -21,7 +21,8 @@ from vinoserve.cli import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKER, K8S = ROOT / "docker", ROOT / "deploy" / "kubernetes"
-DEPLOY_FILES = [DOCKER / "Dockerfile", DOCKER / "compose.yaml", DOCKER / "entrypoint.sh", *sorted(K8S.glob("*.yaml"))]
+BASE = K8S / "base"
+DEPLOY_FILES = [DOCKER / "Dockerfile", DOCKER / "compose.yaml", DOCKER / "entrypoint.sh", *sorted(K8S.rglob("*.yaml"))]
 NOT_FLAGS = {"VINOSERVE_CACHE"}  # where models are cached: an environment setting, not a serve flag
 
 
@@ -50,16 +51,16 @@ def test_every_variable_and_flag_exists_in_serve():
 
 def test_files_parse():
     for path in [DOCKER / "compose.yaml", DOCKER / "prometheus.yml", *DOCKER.glob("grafana/provisioning/*/*.yaml"),
-                 *K8S.glob("*.yaml")]:
+                 *K8S.rglob("*.yaml")]:
         assert list(yaml.safe_load_all(path.read_text())), path
     json.loads((DOCKER / "grafana" / "dashboards" / "vinoserve.json").read_text())
-    kinds = {doc["kind"] for p in K8S.glob("*.yaml") for doc in yaml.safe_load_all(p.read_text()) if "kind" in doc}
+    kinds = {doc["kind"] for p in K8S.rglob("*.yaml") for doc in yaml.safe_load_all(p.read_text()) if "kind" in doc}
     assert {"Deployment", "Service", "HorizontalPodAutoscaler", "PersistentVolumeClaim"} <= kinds
 
 
 def test_ports_match_the_server_default():
     port = _serve_flags()["--port"]
-    deployment = yaml.safe_load((K8S / "deployment.yaml").read_text())
+    deployment = yaml.safe_load((BASE / "deployment.yaml").read_text())
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["ports"][0]["containerPort"] == port
     assert f"EXPOSE {port}" in (DOCKER / "Dockerfile").read_text()
@@ -90,7 +91,7 @@ def server(tmp_path_factory):
 
 
 def test_probe_paths_answer_on_a_running_server(server):
-    deployment = yaml.safe_load((K8S / "deployment.yaml").read_text())
+    deployment = yaml.safe_load((BASE / "deployment.yaml").read_text())
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     paths = {container[p]["httpGet"]["path"] for p in ("startupProbe", "readinessProbe", "livenessProbe")}
     paths.add(re.search(r"/health", (DOCKER / "Dockerfile").read_text()).group())
@@ -107,7 +108,22 @@ def test_dashboard_queries_only_exported_metrics(server):
     assert len(queried) >= 10
     assert queried <= exported, queried - exported
     hpa_metric = "vllm:num_requests_waiting"
-    assert hpa_metric in (K8S / "hpa-queue.yaml").read_text() and hpa_metric in exported
+    assert hpa_metric in (BASE / "hpa-queue.yaml").read_text() and hpa_metric in exported
+
+
+def test_endpoint_picker_metrics(server):
+    """The model server protocol's series that the Gateway API Inference Extension's endpoint
+    pickers parse (vLLM's names and labels), as deploy/kubernetes/inference-pool/ relies on."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{server.url}/metrics").text)}
+    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
+        assert families[name].type == "gauge"
+    (cache,) = families["vllm:cache_config_info"].samples
+    assert int(cache.labels["block_size"]) == 32 and int(cache.labels["num_gpu_blocks"]) > 0
+    (lora,) = families["vllm:lora_requests_info"].samples
+    assert lora.labels == {"max_lora": "0", "running_lora_adapters": "", "waiting_lora_adapters": ""}
+    assert lora.value > 1.7e9  # a Unix time: pickers keep the series with the latest
 
 
 HADOLINT = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))

@@ -6,7 +6,7 @@ import openvino as ov
 import pytest
 import torch
 
-from gguf_fixtures import tiny_hf_model, write_gguf
+from gguf_fixtures import FAMILIES, family_gguf, tiny_hf_model, write_gguf
 from vinoserve.cache.kv_cache import KVCache
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.model.gguf_loader import GGUFModel, GGUFTensor
@@ -27,22 +27,12 @@ SHAPES = {
                                 rope_scaling=LLAMA3_SCALING),
     "qwen2-qkv-bias": dict(arch="qwen2", heads=4, kv_heads=2, tie=True, rope_theta=1000000.0),
     "mistral-gqa": dict(arch="mistral", heads=4, kv_heads=2, tie=False),
+    **FAMILIES,
 }
 
 
 def _gguf_for(spec: dict, tmp_path):
-    arch = spec["arch"]
-    kwargs = {k: v for k, v in spec.items() if k != "arch"}
-    hf = tiny_hf_model(arch, **kwargs)
-    scaling = kwargs.get("rope_scaling") or {}
-    factors = linear = None
-    if scaling.get("rope_type") == "llama3":
-        # llama.cpp stores Llama 3 scaling as per-frequency divisors of the plain inverse frequencies.
-        base = RopeConfig(kwargs["rope_theta"], hf.config.head_dim).inverse_frequencies()
-        factors = base / hf.model.rotary_emb.inv_freq.double().numpy()
-    elif scaling.get("rope_type") == "linear":
-        linear = scaling["factor"]
-    return hf, write_gguf(hf, tmp_path / f"{arch}.gguf", arch, factors, linear)
+    return family_gguf(spec, tmp_path / f"{spec['arch']}.gguf")
 
 
 def _hf_logits(hf, ids: list[int]) -> np.ndarray:

@@ -25,7 +25,8 @@ def _check(blocks: BlockManager, live: list[Sequence], kv: dict[int, list]) -> N
     in_tables: dict[int, int] = {}
     for s in live:
         for b in s.block_tables[0]:
-            in_tables[b] = in_tables.get(b, 0) + 1
+            if b != blocks.null_block:
+                in_tables[b] = in_tables.get(b, 0) + 1
     for b in range(blocks.num_blocks):
         assert alloc.ref_count(b) == in_tables.get(b, 0), f"block {b}: ref count vs tables"
     assert blocks.num_free_blocks == blocks.num_blocks - len(in_tables), "a block is both free and in a table"
@@ -36,7 +37,10 @@ def _check(blocks: BlockManager, live: list[Sequence], kv: dict[int, list]) -> N
     for s in live:
         table = s.block_tables[0]
         for i in range(s.num_computed_tokens // BLOCK):
-            assert kv[table[i]] == s.token_ids(i * BLOCK, (i + 1) * BLOCK), "a sequence reads KV not its own"
+            if table[i] == blocks.null_block:  # released: behind every query's window
+                assert i < blocks.behind(s.num_computed_tokens)
+            else:
+                assert kv[table[i]] == s.token_ids(i * BLOCK, (i + 1) * BLOCK), "a sequence reads KV not its own"
         if s.status in (SequenceStatus.WAITING, SequenceStatus.PREEMPTED):
             assert table == [] and s.num_computed_tokens == 0
 
@@ -50,13 +54,15 @@ requests = st.lists(
 
 @settings(max_examples=150, deadline=None)
 @given(requests, st.integers(6, 30), st.integers(1, 6), st.integers(1, 40),
-       st.lists(st.tuples(st.integers(0, 60), st.integers(0, 9)), max_size=3), st.integers(0, 2))
-def test_prefix_cache_invariants(reqs, num_blocks, max_seqs, budget, aborts, forks):
-    blocks = BlockManager(num_blocks, BLOCK, prefix_salt=b"test")
+       st.lists(st.tuples(st.integers(0, 60), st.integers(0, 9)), max_size=3), st.integers(0, 2),
+       st.sampled_from([0, 1, 6, 9]))
+def test_prefix_cache_invariants(reqs, num_blocks, max_seqs, budget, aborts, forks, window):
+    """`window`: every layer's attention window (blocks behind it are released), 0 for none."""
+    blocks = BlockManager(num_blocks, BLOCK, prefix_salt=b"test", window=window)
     sched = Scheduler(SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget), blocks)
     seqs = [Sequence(f"r{i}", BASE[:shared] + [100 + i] * own or [1], SamplingParams(max_tokens=m))
             for i, (_, shared, own, m) in enumerate(reqs)]
-    fits = [blocks.blocks_for(len(s.prompt_token_ids) + s.params.max_tokens) <= num_blocks for s in seqs]
+    fits = [blocks.most_held(len(s.prompt_token_ids) + s.params.max_tokens, budget) <= blocks.num_blocks for s in seqs]
     kv: dict[int, list] = {b: [None] * BLOCK for b in range(num_blocks)}
     live: list[Sequence] = []
     for step in range(500):
@@ -71,6 +77,7 @@ def test_prefix_cache_invariants(reqs, num_blocks, max_seqs, budget, aborts, for
             seq, start = s.seq, s.seq.num_computed_tokens
             for pos in range(start, start + s.num_tokens):
                 block = seq.block_tables[0][pos // BLOCK]
+                assert block != blocks.null_block, "writing into a released block"
                 assert blocks.allocators[0].ref_count(block) == 1, "writing into a shared block"
                 kv[block][pos % BLOCK] = seq.token_ids(pos, pos + 1)[0]
             seq.num_computed_tokens += s.num_tokens
@@ -91,7 +98,7 @@ def test_prefix_cache_invariants(reqs, num_blocks, max_seqs, budget, aborts, for
         if step > max(r[0] for r in reqs) and not live:
             break
     assert not live, "requests never finished"
-    assert blocks.num_free_blocks == num_blocks, "a block did not come back"
+    assert blocks.num_free_blocks == blocks.num_blocks, "a block did not come back"
     prefix = blocks.prefix
     assert prefix.num_hit_tokens <= prefix.num_queried_tokens
 

@@ -24,7 +24,7 @@ DATA = Path(__file__).parent / "data"
 QWEN3 = (DATA / "Qwen-Qwen3-0.6B.jinja").read_text(encoding="utf-8")
 DEEPSEEK_R1 = DATA / "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"
 ANSWER = '{"city": "Paris"}'
-CALL = '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}'
+CALL = "<tool_call>\n"  # Qwen3's template is Hermes': a call opens so, then its JSON is forced byte by byte
 ADDED = ["<think>", "</think>", "reason", "Paris", '"}', ANSWER, CALL]
 VOCAB = scripted_vocab(ADDED, ["<|im_start|>", "<|im_end|>"], "<|im_end|>", QWEN3)
 THINK = VOCAB.tokens.index("<think>")
@@ -32,7 +32,7 @@ SCRIPT = {
     "Ċ": ["<think>", "Paris", ANSWER],  # every template here ends its prompt with "\n"
     "<think>": ["reason"], "reason": ["</think>"],
     "</think>": ["Paris", ANSWER, CALL],
-    "Paris": ["<|im_end|>", '"}'], ANSWER: ["<|im_end|>"], CALL: ["<|im_end|>"],
+    "Paris": ["<|im_end|>", '"}'], ANSWER: ["<|im_end|>"],
     # A schema's forced opening `{"city": "` comes byte by byte; then "Paris", and `"}` to close.
     '"': ["Paris"], '"}': ["<|im_end|>"],
 }
@@ -158,7 +158,8 @@ def test_qwen3_response_format_holds_only_the_answer(qwen3):
 
 
 def test_qwen3_tool_call_after_reasoning(qwen3):
-    whole, streamed = _ask(qwen3[1], tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
+    whole, streamed = _ask(qwen3[1], tools=[WEATHER], tool_choice="required", parallel_tool_calls=False,
+                           max_tokens=80)
     assert whole == streamed == {"reasoning": "reason", "content": None, "finish_reason": "stop",
                                  "tool_calls": [("get_weather", ANSWER)]}
 

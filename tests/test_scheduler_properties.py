@@ -38,12 +38,16 @@ def test_allocator_never_double_allocates_or_leaks(ops):
         alloc.free(0)
 
 
-def _check_invariants(sched: Scheduler, blocks: BlockManager, live: list[Sequence]) -> None:
-    tables = [b for s in live for b in s.block_tables[0]]
+def _check_invariants(sched: Scheduler, blocks: BlockManager, live: list[Sequence], budget: int) -> None:
+    tables = [b for s in live for b in s.block_tables[0] if b != blocks.null_block]
     assert len(tables) == len(set(tables)), "a block is in two tables"
     assert len(tables) + blocks.num_free_blocks == blocks.num_blocks, "blocks leaked"
     for s in live:
-        assert len(s.block_tables[0]) >= blocks.blocks_for(s.num_computed_tokens)
+        table = s.block_tables[0]
+        assert len(table) >= blocks.blocks_for(s.num_computed_tokens)
+        released = [i for i, b in enumerate(table) if b == blocks.null_block]
+        assert all(i < blocks.behind(s.num_computed_tokens) for i in released), "a block in the window was freed"
+        assert len(table) - len(released) <= blocks.most_held(s.num_tokens, budget)
         if s.status in (SequenceStatus.WAITING, SequenceStatus.PREEMPTED):
             assert s.block_tables[0] == [] and s.num_computed_tokens == 0
 
@@ -56,13 +60,14 @@ requests = st.lists(
 
 @settings(max_examples=150, deadline=None)
 @given(requests, st.integers(6, 40), st.integers(1, 6), st.integers(1, 48),
-       st.lists(st.tuples(st.integers(0, 60), st.integers(0, 11)), max_size=4))
-def test_scheduler_invariants(reqs, num_blocks, max_seqs, budget, aborts):
-    blocks = BlockManager(num_blocks, BLOCK)
+       st.lists(st.tuples(st.integers(0, 60), st.integers(0, 11)), max_size=4), st.sampled_from([0, 1, 5, 9]))
+def test_scheduler_invariants(reqs, num_blocks, max_seqs, budget, aborts, window):
+    """`window`: every layer's attention window (blocks behind it are released), 0 for none."""
+    blocks = BlockManager(num_blocks, BLOCK, window=window)
     sched = Scheduler(SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget), blocks)
     seqs = [Sequence(f"r{i}", list(range(p)), SamplingParams(max_tokens=m)) for i, (_, p, m) in enumerate(reqs)]
     # Requests that could never fit are rejected at the door by the engine; mirror that here.
-    fits = [blocks.blocks_for(p + m) <= num_blocks for _, p, m in reqs]
+    fits = [blocks.most_held(p + m, budget) <= blocks.num_blocks for _, p, m in reqs]
     live: list[Sequence] = []
     for step in range(400):
         arrive_and_abort(step, sched, seqs, [arrival for arrival, *_ in reqs], fits, aborts, live)
@@ -81,11 +86,11 @@ def test_scheduler_invariants(reqs, num_blocks, max_seqs, budget, aborts):
                 if len(s.seq.output_token_ids) >= s.seq.params.max_tokens:
                     sched.finish(s.seq, SequenceStatus.FINISHED, "length")
                     live.remove(s.seq)
-        _check_invariants(sched, blocks, live)
+        _check_invariants(sched, blocks, live, budget)
         if step > max(a for a, _, _ in reqs) and not live:
             break
     assert not live, "requests never finished"
-    assert blocks.num_free_blocks == num_blocks
+    assert blocks.num_free_blocks == blocks.num_blocks
     for s, ok in zip(seqs, fits):
         if ok and s.finish_reason == "length":
             assert len(s.output_token_ids) == s.params.max_tokens

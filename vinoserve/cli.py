@@ -185,9 +185,16 @@ def main(argv: list[str] | None = None) -> int:
 
             return bench(args)
         elif args.command == "serve":
+            engine = _engine_config(args)
+            if args.replicas < 1:
+                raise ValueError("--replicas must be at least 1")
+            if args.replicas > 1:
+                from vinoserve.scale.supervisor import run as serve_replicas
+
+                return serve_replicas(args, sys.argv[1:] if argv is None else argv)
             from vinoserve.server.cli import serve
 
-            return serve(args, _engine_config(args))
+            return serve(args, engine)
         elif args.command == "chat":
             from vinoserve.chat import run
 

@@ -7,6 +7,12 @@ free counts stay equal and capacity checks look at one of them.
 
 Prefix caching (a `salt` given) needs one table for all layers: with eviction, blocks are dropped
 and keys rotated in place per layer, so their content no longer matches a token prefix.
+
+Where every layer attends to at most `window` tokens back, a sequence's blocks that fall behind
+the window of its next query are freed as it moves on (release_behind): their table entries then
+name `null_block`, a block no one owns, zeroed by the cache. The kernel may still read an entry
+behind the window (the CPU plugin does at f32) but masks it, and a finite block masked is
+exactly nothing; a freed block that was never zeroed could hold a NaN.
 """
 from __future__ import annotations
 
@@ -17,8 +23,14 @@ BlockTables = list[list[int]]  # one table per group (1, or one per layer)
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, num_groups: int = 1, prefix_salt: bytes | None = None) -> None:
-        self.allocators = [BlockAllocator(num_blocks) for _ in range(num_groups)]
+    def __init__(self, num_blocks: int, block_size: int, num_groups: int = 1, prefix_salt: bytes | None = None,
+                 window: int = 0) -> None:
+        if window and num_groups != 1:
+            raise ValueError("windowed blocks are released from one block table for all layers (no cache eviction)")
+        self.window = window
+        # The last block is the null block where there is a window: the allocators never hand it out.
+        self.null_block = num_blocks - 1 if window else None
+        self.allocators = [BlockAllocator(num_blocks - bool(window)) for _ in range(num_groups)]
         self.block_size = block_size
         if prefix_salt is not None and num_groups != 1:
             raise ValueError("prefix caching needs one block table for all layers (no cache eviction)")
@@ -61,21 +73,43 @@ class BlockManager:
             while len(table) > keep:
                 allocator.free(table.pop())
 
-    def adopt(self, tables: BlockTables, cached: list[int]) -> None:
-        """Start an empty table with cached prefix blocks (shared, never written)."""
-        allocator = self.allocators[0]
-        tables[0].extend(allocator.share(b) for b in cached)
+    def behind(self, first_query: int) -> int:
+        """How many leading blocks no query from `first_query` on sees (keys before
+        first_query - window + 1); 0 without a window."""
+        return max(0, first_query - self.window + 1) // self.block_size if self.window else 0
 
-    def num_reviving(self, cached: list[int]) -> int:
-        """Of these cached blocks, those that are free now: adopting them takes free blocks."""
-        return sum(self.allocators[0].is_free(b) for b in cached)
+    def most_held(self, num_tokens: int, max_step_tokens: int) -> int:
+        """Blocks a sequence of `num_tokens` holds at most at once, steps of up to
+        `max_step_tokens` new tokens: all of them, or with a window the blocks one step spans."""
+        whole = self.blocks_for(num_tokens)
+        return min(whole, -(-(self.window - 1 + max_step_tokens) // self.block_size) + 1) if self.window else whole
+
+    def release_behind(self, tables: BlockTables, first_query: int) -> None:
+        """Free the blocks behind the window of the next query. Released entries form a prefix
+        of the table, so this walks back only over the blocks it frees."""
+        table, allocator = tables[0], self.allocators[0]
+        i = min(self.behind(first_query), len(table)) - 1
+        while i >= 0 and table[i] != self.null_block:
+            allocator.free(table[i])
+            table[i] = self.null_block
+            i -= 1
+
+    def adopt(self, tables: BlockTables, cached: list[int], first_query: int) -> None:
+        """Start an empty table with cached prefix blocks (shared, never written); those behind
+        the window of `first_query` are not taken."""
+        skip = min(self.behind(first_query), len(cached))
+        tables[0].extend([self.null_block] * skip + [self.allocators[0].share(b) for b in cached[skip:]])
+
+    def num_reviving(self, cached: list[int], first_query: int) -> int:
+        """Of these cached blocks, those adopt() takes that are free now: they take free blocks."""
+        return sum(self.allocators[0].is_free(b) for b in cached[self.behind(first_query):])
 
     def fork(self, tables: BlockTables) -> BlockTables:
         """A second owner of every block (choices sharing their prompt). Forks need one table for
         all layers: with eviction, blocks are evicted and rotated in place per sequence."""
         if self.num_groups != 1:
             raise ValueError("sequences cannot share blocks while cache eviction is on")
-        return [[self.allocators[0].share(b) for b in tables[0]]]
+        return [[b if b == self.null_block else self.allocators[0].share(b) for b in tables[0]]]
 
     def copies_needed(self, tables: BlockTables, start: int) -> int:
         """1 if writing from token `start` on would write into a shared, partly filled block."""
@@ -102,5 +136,6 @@ class BlockManager:
     def free(self, tables: BlockTables) -> None:
         for table, allocator in zip(tables, self.allocators):
             for block in reversed(table):
-                allocator.free(block)
+                if block != self.null_block:
+                    allocator.free(block)
             table.clear()

@@ -17,6 +17,11 @@ class KVCache:
         self.keys = [ov.Tensor(layout.key_type, [num_blocks, *layout.key_block_shape]) for _ in range(num_layers)]
         self.values = [ov.Tensor(layout.value_type, [num_blocks, *layout.value_block_shape]) for _ in range(num_layers)]
 
+    def zero_block(self, block: int) -> None:
+        """Every layer's keys and values of `block` (quantization parameters included) to 0."""
+        for tensor in self.keys + self.values:
+            tensor.data.reshape(self.num_blocks, -1)[block] = 0
+
     @property
     def nbytes(self) -> int:
         return sum(t.byte_size for t in self.keys + self.values)

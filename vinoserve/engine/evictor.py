@@ -24,6 +24,11 @@ class SequenceEviction:
 class Evictor:
     def __init__(self, config: CacheEvictionConfig, model: ModelConfig, blocks: BlockManager,
                  cache: KVCache, in_kernel: bool) -> None:
+        if model.sliding_windows:
+            # The kernel's window counts cached tokens, which eviction compacts: a windowed layer
+            # would then see further back than the model was trained to.
+            raise ValueError("cache eviction does not work with sliding-window attention models "
+                             f"({model.architecture}); run without --cache-eviction")
         if model.rope.dim != model.head_size:
             raise ValueError("cache rotation needs RoPE over the whole head (partial rotary is unsupported)")
         self.config, self.model, self.blocks, self.in_kernel = config, model, blocks, in_kernel

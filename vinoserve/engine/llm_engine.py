@@ -114,8 +114,13 @@ class LLMEngine:
         evicting = config.cache_eviction is not None
         salt = salt_hash(config.model, config.weight_format, options, paged.block_size,
                          paged.layout.key_type.get_type_name(), paged.layout.value_type.get_type_name())
+        windows = self.model.config.sliding_windows
+        # Blocks behind the window are freed only where every layer has one (not Gemma's global layers).
+        window = max(windows) if windows and all(windows) and not evicting else 0
         self.blocks = BlockManager(num_blocks, paged.block_size, layers if evicting else 1,
-                                   salt if config.prefix_caching else None)
+                                   salt if config.prefix_caching else None, window)
+        if self.blocks.null_block is not None:
+            self.cache.zero_block(self.blocks.null_block)
         self.evictor = None
         if evicting:
             config.cache_eviction.validate(paged.block_size)
@@ -215,7 +220,7 @@ class LLMEngine:
         if total > self.max_context:
             raise ValueError(f"this model's maximum context length is {self.max_context} tokens; the prompt "
                              f"has {len(ids)} and max_tokens is {params.max_tokens} ({total} in all)")
-        if self.blocks.blocks_for(total) > self.blocks.num_blocks:
+        if self.blocks.most_held(total, self.config.scheduler.max_num_batched_tokens) > self.blocks.num_blocks:
             raise ValueError(f"the request needs {total} tokens of KV cache; the cache holds "
                              f"{self.blocks.num_blocks * self.blocks.block_size}")
 

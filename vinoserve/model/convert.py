@@ -42,7 +42,7 @@ def _convert(gguf_path: Path, out: Path, weight_format: WeightFormat, digest: st
     tokenizer, detokenizer = build_tokenizer_models(src.reader)
     ov.save_model(tokenizer, out / "openvino_tokenizer.xml")
     ov.save_model(detokenizer, out / "openvino_detokenizer.xml")
-    (out / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2))
+    (out / "config.json").write_text(json.dumps(src.family.hf_config(cfg), indent=2))
     generation = {"bos_token_id": cfg.bos_token_id, "eos_token_id": list(cfg.eos_token_ids)}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
     if meta.chat_template:

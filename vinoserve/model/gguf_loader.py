@@ -1,18 +1,20 @@
-"""Read a Llama-family GGUF file: architecture facts and dequantized weights, as numpy."""
+"""Read a GGUF file: its metadata, and its tensors as the file holds them.
+
+What the file may be, how its metadata becomes a ModelConfig and which tensors its family stores
+differently from HF (permuted rows, fused matrices) is each architecture's business
+(model/architectures/): this module only reads.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import gguf
 import numpy as np
 
-from vinoserve.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from vinoserve.model import architectures
+from vinoserve.model.config import ModelConfig
 from vinoserve.model.errors import ModelLoadError
-from vinoserve.model.rope import RopeConfig
-
-# llama.cpp stores Q/K rows of these architectures interleaved for its GPT-J style RoPE.
-_PERMUTED_QK = ("llama", "mistral")
 
 
 def open_gguf(path: Path) -> gguf.GGUFReader:
@@ -27,42 +29,6 @@ def open_gguf(path: Path) -> gguf.GGUFReader:
 def field(reader: gguf.GGUFReader, key: str, default=None):
     f = reader.fields.get(key)
     return default if f is None else f.contents()
-
-
-@dataclass
-class GGUFModel:
-    """A GGUF file opened for conversion: config from metadata, weights on demand."""
-
-    path: Path
-    reader: gguf.GGUFReader
-    tensors: dict[str, gguf.ReaderTensor]
-    config: ModelConfig
-
-    @classmethod
-    def open(cls, path: Path) -> GGUFModel:
-        reader = open_gguf(path)
-        tensors = {t.name: t for t in reader.tensors}
-        return cls(path, reader, tensors, _read_config(reader, tensors))
-
-    def tensor(self, name: str) -> GGUFTensor:
-        """Tensor `name` as the file holds it, rows in HF order ([out, in] for matrices)."""
-        t = self.tensors.get(name)
-        if t is None:
-            raise ModelLoadError(f"{self.path}: tensor {name!r} is missing")
-        shape = tuple(int(d) for d in reversed(t.shape))
-        data = t.data.reshape(shape[0], -1) if len(shape) > 1 else t.data.reshape(-1)
-        cfg = self.config
-        if cfg.architecture in _PERMUTED_QK and (".attn_q." in name or ".attn_k." in name):
-            heads = cfg.num_heads if ".attn_q." in name else cfg.num_kv_heads
-            data = _unpermute_rows(data, heads)  # rows are whole blocks: the same for every type
-        return GGUFTensor(name, t.tensor_type, data, shape, self.path)
-
-    def weight(self, name: str) -> np.ndarray:
-        """Tensor `name` dequantized to float32, in HF layout ([out, in] for matrices)."""
-        return self.tensor(name).dequantize()
-
-    def has(self, name: str) -> bool:
-        return name in self.tensors
 
 
 @dataclass(frozen=True)
@@ -90,64 +56,77 @@ class GGUFTensor:
             raise ModelLoadError(f"{self.path}: cannot dequantize {self.name} ({self.ggml_type.name}): {e}") from e
         return w.reshape(self.shape)
 
+    def rows(self, start: int, stop: int, name: str | None = None) -> GGUFTensor:
+        """Rows [start, stop) of a matrix (a part of a fused one): rows are whole quant blocks,
+        so this is exact for every type."""
+        if not 0 <= start < stop <= self.shape[0]:
+            raise ModelLoadError(f"{self.path}: {self.name} has {self.shape[0]} rows, not [{start}, {stop})")
+        return replace(self, name=name or f"{self.name}[{start}:{stop}]", data=self.data[start:stop],
+                       shape=(stop - start, *self.shape[1:]))
 
-def _unpermute_rows(w: np.ndarray, heads: int) -> np.ndarray:
-    """Undo llama.cpp's convert_hf_to_gguf `permute`: back to HF's rotate-half row order."""
-    rows = w.shape[0]
-    return np.ascontiguousarray(
-        w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-    )
-
-
-def _read_config(reader: gguf.GGUFReader, tensors: dict) -> ModelConfig:
-    arch = field(reader, "general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelLoadError(
-            f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
-
-    def key(name: str, default=None):
-        return field(reader, f"{arch}.{name}", default)
-
-    hidden = int(key("embedding_length"))
-    heads = int(key("attention.head_count"))
-    head_size = int(key("attention.key_length", hidden // heads))
-    kv_heads = key("attention.head_count_kv", heads)
-    vocab = key("vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
-    rope_freqs = tensors.get("rope_freqs.weight")
-    rope = RopeConfig(
-        theta=float(key("rope.freq_base", 10000.0)),
-        dim=int(key("rope.dimension_count", head_size)),
-        scaling=_rope_scaling(key),
-        freq_factors=tuple(float(x) for x in np.asarray(rope_freqs.data, np.float32)) if rope_freqs else None,
-    )
-    eos = [field(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
-    return ModelConfig(
-        architecture=arch,
-        num_layers=int(key("block_count")),
-        hidden_size=hidden,
-        intermediate_size=int(key("feed_forward_length")),
-        num_heads=heads,
-        num_kv_heads=int(kv_heads),
-        head_size=head_size,
-        vocab_size=int(vocab),
-        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope=rope,
-        max_context=int(key("context_length", 2048)),
-        tie_word_embeddings="output.weight" not in tensors,
-        attention_bias="blk.0.attn_q.bias" in tensors,
-        bos_token_id=field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_ids=tuple(dict.fromkeys(int(e) for e in eos if e is not None)),
-    )
+    def with_rows(self, data: np.ndarray) -> GGUFTensor:
+        """The same tensor with its rows (whole blocks) rearranged."""
+        return replace(self, data=np.ascontiguousarray(data))
 
 
-def _rope_scaling(key) -> dict | None:
-    kind = key("rope.scaling.type")
-    if kind in (None, "none"):
-        return None
-    factor = key("rope.scaling.factor")
-    scaling = {"rope_type": kind, "factor": float(factor) if factor is not None else 1.0}
-    orig = key("rope.scaling.original_context_length")
-    if orig is not None:
-        scaling["original_max_position_embeddings"] = int(orig)
-    return scaling
+@dataclass
+class GGUFMeta:
+    """A GGUF file's metadata and tensor index, as the architectures read them."""
+
+    path: Path
+    reader: gguf.GGUFReader
+    tensors: dict[str, gguf.ReaderTensor]
+    architecture: str
+
+    def field(self, key: str, default=None):
+        return field(self.reader, key, default)
+
+    def key(self, name: str, default=None):
+        """`{architecture}.{name}`: the keys llama.cpp's converter writes per architecture."""
+        return field(self.reader, f"{self.architecture}.{name}", default)
+
+    def has(self, tensor: str) -> bool:
+        return tensor in self.tensors
+
+    def tensor(self, name: str) -> GGUFTensor:
+        """Tensor `name` exactly as stored (rows in the file's order)."""
+        t = self.tensors.get(name)
+        if t is None:
+            raise ModelLoadError(f"{self.path}: tensor {name!r} is missing")
+        shape = tuple(int(d) for d in reversed(t.shape))
+        data = t.data.reshape(shape[0], -1) if len(shape) > 1 else t.data.reshape(-1)
+        return GGUFTensor(name, t.tensor_type, data, shape, self.path)
+
+
+@dataclass
+class GGUFModel:
+    """A GGUF file opened for conversion: its architecture's config and weights on demand."""
+
+    path: Path
+    reader: gguf.GGUFReader
+    meta: GGUFMeta
+    family: type[architectures.Decoder]
+    config: ModelConfig
+
+    @classmethod
+    def open(cls, path: Path) -> GGUFModel:
+        reader = open_gguf(path)
+        arch = field(reader, "general.architecture")
+        family = architectures.for_gguf(arch)  # ModelLoadError naming what is supported
+        meta = GGUFMeta(path, reader, {t.name: t for t in reader.tensors}, arch)
+        try:
+            config = family.config_from_gguf(meta)
+        except ValueError as e:  # a value ModelConfig or RopeConfig refuses (say, an unknown RoPE scaling)
+            raise ModelLoadError(f"{path}: {e}") from e
+        return cls(path, reader, meta, family, config)
+
+    def tensor(self, name: str) -> GGUFTensor:
+        """Tensor `name` as the file holds it, rows in HF order ([out, in] for matrices)."""
+        return self.family.from_file(self.meta.tensor(name), self.config)
+
+    def weight(self, name: str) -> np.ndarray:
+        """Tensor `name` dequantized to float32, in HF layout ([out, in] for matrices)."""
+        return self.tensor(name).dequantize()
+
+    def has(self, name: str) -> bool:
+        return self.meta.has(name)

@@ -13,6 +13,7 @@ import openvino.opset13 as ops
 from openvino._offline_transformations import paged_attention_transformation
 
 from vinoserve.model import fuse_projections as projections
+from vinoserve.model.architectures.phi3 import pin_longrope
 from vinoserve.model.config import ModelConfig
 from vinoserve.model.errors import ModelLoadError
 
@@ -96,14 +97,16 @@ class PagedModel:
         return {i.get_any_name() for i in self.compiled.inputs}
 
 
-def to_paged(model: ov.Model, options: CompileOptions) -> ov.Model:
+def to_paged(model: ov.Model, options: CompileOptions, sliding_windows: tuple[int, ...] = ()) -> ov.Model:
     """In place: SDPA + KV state -> PagedAttention (block tables per layer or shared, see
-    CompileOptions), plus a row gather before the LM head so a step computes logits only for the
-    tokens it samples."""
+    CompileOptions) with each layer's attention window, plus a row gather before the LM head so a
+    step computes logits only for the tokens it samples."""
     paged_attention_transformation(
         model, options.per_layer_block_tables, options.score_outputs, options.score_outputs, options.cache_rotation,
         False, False, False,
     )
+    if sliding_windows:
+        _set_windows(model, sliding_windows)
     head = next(n for n in model.get_ordered_ops() if n.get_friendly_name() == "lm_head")
     indices = ops.parameter([-1], ov.Type.i64, name=SAMPLED_INDICES)
     indices.output(0).set_names({SAMPLED_INDICES})
@@ -112,6 +115,24 @@ def to_paged(model: ov.Model, options: CompileOptions) -> ov.Model:
     model.add_parameters([indices])
     model.validate_nodes_and_infer_types()
     return model
+
+
+# PagedAttention's inputs: q, k, v, key_cache.N, value_cache.N, past_lens, subsequence_begins,
+# block_indices, block_indices_begins, scale, sliding_window, alibi_slopes, max_context_len, ...
+_KEY_CACHE, _SLIDING_WINDOW, _MAX_CONTEXT_LEN = 3, 10, 12
+
+
+def _set_windows(model: ov.Model, windows: tuple[int, ...]) -> None:
+    """The transformation finds a window only in the mask patterns of a few exports (Phi-3's,
+    gpt-oss'): each layer's is set from the config instead, for GGUF and IR models alike. The op
+    counts the query itself, as HF does: key j is seen from query i when i - j < window."""
+    for node in model.get_ordered_ops():
+        if node.get_type_name() != "PagedAttentionExtension":
+            continue
+        if node.input_value(_MAX_CONTEXT_LEN).get_node().get_friendly_name() != "max_context_len":
+            raise ModelLoadError("this OpenVINO's PagedAttention inputs are not in the order vinoserve knows")
+        layer = int(node.input_value(_KEY_CACHE).get_node().get_friendly_name().rsplit(".", 1)[1])
+        node.input(_SLIDING_WINDOW).replace_source_output(ops.constant(np.int32(windows[layer])).output(0))
 
 
 def compile_paged(model: ov.Model, config: ModelConfig, options: CompileOptions,
@@ -123,8 +144,11 @@ def compile_paged(model: ov.Model, config: ModelConfig, options: CompileOptions,
         options = replace(options, fuse_projections=fuse)
     if options.fuse_projections:
         projections.fuse_projections(model)
+    if config.rope.freq_factors is not None:
+        pin_longrope(model, config.rope)
     try:
-        compiled = core.compile_model(to_paged(model, options), options.device, options.properties())
+        compiled = core.compile_model(to_paged(model, options, config.sliding_windows), options.device,
+                                      options.properties())
     except RuntimeError as e:
         # e.g. a bf16 KV cache with f32 compute on a CPU without bf16: the plugin refuses it.
         reason = next((line for line in reversed(str(e).splitlines()) if line.strip()), str(e))

@@ -20,8 +20,10 @@ class RopeConfig:
     theta: float
     dim: int
     scaling: dict | None = None  # HF `rope_scaling` dict: {"rope_type": "linear"|"llama3", ...}
-    # Per-frequency divisors as llama.cpp stores them (`rope_freqs.weight`, Llama 3.1 GGUFs).
+    # Per-frequency divisors as llama.cpp stores them (`rope_freqs.weight`, Llama 3.1 GGUFs;
+    # LongRoPE's short or long factors).
     freq_factors: tuple[float, ...] | None = field(default=None, repr=False)
+    attention_factor: float = 1.0  # cos and sin are scaled by it (LongRoPE's mscale)
 
     def __post_init__(self) -> None:
         kind = self.scaling_type
@@ -63,3 +65,16 @@ def _llama3_scale(inv: np.ndarray, s: dict) -> np.ndarray:
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return np.where(is_medium, smoothed, scaled)
+
+
+def longrope(theta: float, dim: int, short: list[float], long: list[float], original_context: int,
+             max_context: int, attention_factor: float | None = None) -> RopeConfig:
+    """Phi-3's LongRoPE as one fixed table: the long factors where the served context exceeds
+    the trained one, the short ones otherwise, and the attention factor either way. llama.cpp
+    and vLLM choose so (by the context they serve); HF transformers switches per sequence once
+    it outgrows the trained context, recomputing its cache (see docs/models.md)."""
+    if attention_factor is None:
+        scale = max_context / original_context
+        attention_factor = math.sqrt(1 + math.log(scale) / math.log(original_context)) if scale > 1 else 1.0
+    factors = long if max_context > original_context else short
+    return RopeConfig(theta, dim, freq_factors=tuple(float(f) for f in factors), attention_factor=attention_factor)

@@ -26,6 +26,10 @@ import numpy as np
 
 KINDS = ("json_schema", "regex", "choice", "lark", "composed")
 _CACHE_SIZE = 256
+# How JSON is written under a schema (llguidance's options; in Lark, a `%json` schema's "x-guidance"):
+# compact separators and no free whitespace between tokens, since a small model fed "any
+# whitespace" tends to spend its whole budget on newlines.
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 @dataclass(frozen=True)
@@ -63,10 +67,7 @@ class GrammarSpec:
                 raise ValueError("the inner grammar of a composed grammar must be a single grammar")
             return json.dumps({"grammars": [{"lark_grammar": outer["lark"]}, {**inner[0], "name": "inner"}]})
         if self.kind == "json_schema":
-            # Compact separators and no free whitespace between tokens: a small model fed
-            # "any whitespace" tends to spend its whole budget on newlines.
-            options = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-            return llguidance.LLMatcher.grammar_from_json_schema(self.source, overrides=options)
+            return llguidance.LLMatcher.grammar_from_json_schema(self.source, overrides=JSON_STYLE)
         if self.kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(self.source)
         if self.kind == "choice":

@@ -69,6 +69,7 @@ class Scheduler:
             if seq.ends_with_pending:  # finishes once the step in flight samples it
                 i += 1
                 continue
+            self.blocks.release_behind(seq.block_tables, seq.num_computed_tokens)
             n = min(seq.num_uncomputed_tokens, budget)
             drafts = self._fit_drafts(seq, n, budget)
             if not self._make_room(seq, n + drafts, out):
@@ -92,7 +93,7 @@ class Scheduler:
             start = len(hits) * self.blocks.block_size
             n = min(seq.num_tokens - start, budget)
             reserve = self._watermark if self.running else 0
-            needed = self.blocks.blocks_for(start + n) - len(hits) + self.blocks.num_reviving(hits)
+            needed = self.blocks.blocks_for(start + n) - len(hits) + self.blocks.num_reviving(hits, start)
             if needed + reserve > self.blocks.num_free_blocks:
                 break  # first come, first served: nobody overtakes the head of the queue for memory
             del self.waiting[w]
@@ -137,7 +138,7 @@ class Scheduler:
         self.running.append(seq)
         if self.blocks.prefix is None:
             return
-        self.blocks.adopt(seq.block_tables, hits)
+        self.blocks.adopt(seq.block_tables, hits, len(hits) * self.blocks.block_size)
         seq.num_registered_blocks = len(hits)
         seq.num_computed_tokens = len(hits) * self.blocks.block_size
         if first:  # a preempted sequence finding its own blocks again is no prefix hit
@@ -172,7 +173,8 @@ class Scheduler:
             prefix.extend_hashes(seq.block_hashes, seq.token_ids, full)
             table = seq.block_tables[0]
             for i in range(seq.num_registered_blocks, full):
-                prefix.register(table[i], i, seq.block_hashes, seq.token_ids)
+                if table[i] != self.blocks.null_block:  # not released before it could be
+                    prefix.register(table[i], i, seq.block_hashes, seq.token_ids)
             seq.num_registered_blocks = full
 
     def _make_room(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:

@@ -8,6 +8,7 @@ import signal
 import uvicorn
 
 from vinoserve.engine.llm_engine import EngineConfig
+from vinoserve.scale.router import POLICIES
 from vinoserve.scheduler.scheduler import SchedulerConfig
 from vinoserve.server.app import ServerConfig, create_app
 from vinoserve.server import reasoning, tools
@@ -38,8 +39,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-template", default=None, metavar="FILE",
                    help="a Jinja chat template to use instead of the model's")
     p.add_argument("--tool-call-parser", default="auto", choices=tools.CHOICES,
-                   help="the format tool calls are written in: auto (default) detects it from the chat template, "
-                        "else generic (a JSON reply any model can be held to)")
+                   help="the format tool calls are written in: hermes (Qwen, Hermes), llama3_json (Llama 3.x), "
+                        "mistral, or generic (a JSON reply any model can be held to); auto (default) detects it "
+                        "from the chat template, else generic")
     p.add_argument("--reasoning-parser", default="auto", choices=reasoning.CHOICES,
                    help="split a reasoning model's <think>...</think> off into reasoning_content: auto (default) "
                         "detects the family from the chat template, none turns it off")
@@ -49,6 +51,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds SIGTERM waits for in-flight requests to finish")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--replicas", type=int, default=1,
+                   help="engine processes, each pinned to its own share of the cores (its own NUMA node where "
+                        "there are several), behind SGLang's router on --host/--port (pip install "
+                        "'vinoserve[scale]'); 1 (default): this process serves alone")
+    p.add_argument("--router-policy", choices=tuple(POLICIES), default="cache-aware",
+                   help="with --replicas: how the router picks a replica (default: cache-aware, the one that "
+                        "holds the longest prefix of the request)")
 
 
 def serve(args: argparse.Namespace, engine: EngineConfig) -> int:

@@ -1,6 +1,8 @@
 """Prometheus metrics under vLLM's names, so existing dashboards and autoscalers work unchanged."""
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -50,6 +52,7 @@ class _EngineGauges:
             metric = family(name, doc, labels=["model_name"])
             metric.add_metric([self.model], value)
             yield metric
+        yield from self._model_server_protocol()
         if spec is None:
             return
         metric = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
@@ -57,6 +60,22 @@ class _EngineGauges:
         for pos, value in enumerate(spec.accepted_per_position):
             metric.add_metric([self.model, str(pos)], value)
         yield metric
+
+
+    def _model_server_protocol(self):
+        """The two info series of the model server protocol that the Gateway API Inference
+        Extension's endpoint pickers read besides the gauges above: the KV block size (the prefix
+        scorer aligns its hashes to it) and LoRA state (no adapters here)."""
+        blocks = self.engine.engine.blocks
+        cache = GaugeMetricFamily("vllm:cache_config_info", "KV-cache configuration, in the labels.",
+                                  labels=["block_size", "num_gpu_blocks"])
+        cache.add_metric([str(blocks.block_size), str(blocks.num_blocks)], 1)
+        yield cache
+        # vLLM's value is when the series was set; pickers keep the series with the largest.
+        lora = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on LoRA requests (no adapters).",
+                                 labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"])
+        lora.add_metric(["0", "", ""], time.time())
+        yield lora
 
 
 class Metrics:

@@ -107,7 +107,7 @@ class ReasoningParser:
             if self.mode == "reasoning":
                 cut = self.held.find(self.fmt.end)
                 if cut < 0:
-                    keep = _partial_suffix(self.held, self.fmt.end)
+                    keep = partial_suffix(self.held, self.fmt.end)
                     self._emit(events, ReasoningDelta, len(self.held) - keep)
                     break
                 self._emit(events, ReasoningDelta, cut)
@@ -145,7 +145,7 @@ class ReasoningParser:
         self.held = self.held[n:]
 
 
-def _partial_suffix(text: str, tag: str) -> int:
+def partial_suffix(text: str, tag: str) -> int:
     """Length of the longest end of `text` that is a proper beginning of `tag`."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:n]):

@@ -40,7 +40,10 @@ class ChatSetup:
     def build(cls, tokenizer: Tokenizer, chat_template: str | None = None, tool_call_parser: str = "auto",
               reasoning_parser: str = "auto") -> ChatSetup:
         template = chat_template if chat_template is not None else tokenizer.chat_template or ""
-        return cls(template, select_tool_format(tool_call_parser, template),
+        # A tool format's tags may be single special tokens ([TOOL_CALLS]): its grammar names them by id.
+        special = {tokenizer.token_bytes[i].decode("utf-8", "replace"): i
+                   for i in sorted(tokenizer.special_token_ids) if i < len(tokenizer.token_bytes)}
+        return cls(template, select_tool_format(tool_call_parser, template, special),
                    select_reasoning(reasoning_parser, template))
 
     def describe(self) -> str:

@@ -39,12 +39,15 @@ Example, a format whose calls are `<call>{"name": ..., "arguments": ...}</call>`
 
         def parser(self, plan): return TaggedParser(plan)
 
-and its name added to FORMATS in tools/__init__.py.
+and its name added to FORMATS in tools/__init__.py. A format is built once per server with the
+tokenizer's special tokens by text (`special_tokens`), so that it can tell whether a tag is one
+token; the native formats (hermes.py, llama3.py, mistral.py) share native.py.
 """
 from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import ClassVar
 
 from vinoserve.scheduler.grammar import GrammarSpec
@@ -73,7 +76,12 @@ class ToolFormat(ABC):
     name: ClassVar[str]
     # False for a format whose calls open with a special token ([TOOL_CALLS], <|python_tag|>): the
     # engine then keeps special tokens in the text, so that the parser sees them.
-    skip_special_tokens: ClassVar[bool] = True
+    skip_special_tokens: bool = True
+
+    def __init__(self, special_tokens: Mapping[str, int] | None = None) -> None:
+        """`special_tokens`: the tokenizer's special (control) tokens by their text, for a format
+        whose tags the model may write as one special token (named `<[id]>` in a grammar)."""
+        self.special_tokens = dict(special_tokens or {})
 
     @classmethod
     @abstractmethod
@@ -94,6 +102,20 @@ class ToolFormat(ABC):
         """A fresh parser for one choice's reply."""
 
 
+class JsonArguments(dict):
+    """An earlier call's arguments as the object templates expect (`arguments|tojson`), which still
+    reads as its JSON text where a template joins it to a string (DeepSeek-R1's `'...' + arguments`)."""
+
+    def __str__(self) -> str:
+        return json.dumps(self, ensure_ascii=False)
+
+    def __add__(self, other):
+        return str(self) + other if isinstance(other, str) else NotImplemented
+
+    def __radd__(self, other):
+        return other + str(self) if isinstance(other, str) else NotImplemented
+
+
 def history_call(call: dict) -> tuple[str, object]:
     """(name, arguments) of an earlier call in a request's history; arguments parsed from their
     JSON text when they are one, as templates render `arguments|tojson` (vLLM does the same)."""
@@ -103,18 +125,23 @@ def history_call(call: dict) -> tuple[str, object]:
         args = json.loads(args) if isinstance(args, str) else args
     except json.JSONDecodeError:
         pass  # passed on as the text it is
-    return f.get("name", ""), args
+    return f.get("name", ""), JsonArguments(args) if isinstance(args, dict) else args
 
 
 def native_messages(messages: list[dict]) -> list[dict]:
     """Messages for a template that renders tool calls and tool turns itself: each call's
-    arguments as an object, and content "" rather than missing."""
-    out = []
+    arguments as an object, content "" rather than missing or null, and each tool result named
+    after the call it answers (Hermes templates require `name`)."""
+    out, names = [], {}
     for m in messages:
         m = dict(m)
         if m.get("role") == "assistant" and m.get("tool_calls"):
             m["tool_calls"] = [{**c, "function": {**c.get("function", {}), "arguments": history_call(c)[1]}}
                                for c in m["tool_calls"]]
-        m.setdefault("content", "")
+            names.update((c.get("id"), c["function"].get("name")) for c in m["tool_calls"])
+        if m.get("role") == "tool" and m.get("tool_call_id") in names:
+            m.setdefault("name", names[m["tool_call_id"]])
+        if m.get("content") is None:
+            m["content"] = ""
         out.append(m)
     return out

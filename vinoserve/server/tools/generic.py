@@ -15,7 +15,7 @@ from vinoserve.scheduler.grammar import GrammarSpec
 from vinoserve.server.events import Event, TextDelta, ToolCallDelta, ToolCallStart
 from vinoserve.server.json_spans import JsonSpans, partial_string
 from vinoserve.server.tools.format import ToolCallParser, ToolFormat, history_call, native_messages
-from vinoserve.server.tools.plan import ToolPlan, call_schema, new_call_id
+from vinoserve.server.tools.plan import ToolPlan, calls_schema, new_call_id
 
 
 class GenericFormat(ToolFormat):
@@ -37,15 +37,16 @@ class GenericFormat(ToolFormat):
         return out, ({"tools": plan.tools_variable()} if native else {})
 
     def grammar(self, plan: ToolPlan) -> GrammarSpec:
-        call = {"anyOf": [call_schema(f) for f in plan.functions]}
+        call = calls_schema(plan.functions)
+        defs = {"$defs": call.pop("$defs")} if "$defs" in call else {}  # referred to from the root
         key, value = ("tool_calls", {"type": "array", "items": call, "minItems": 1}) if plan.parallel \
             else ("tool_call", call)
         calls = {"type": "object", "properties": {key: value}, "required": [key], "additionalProperties": False}
         if plan.forced:
-            return GrammarSpec.json_schema(calls)
+            return GrammarSpec.json_schema({**calls, **defs})
         answer = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"],
                   "additionalProperties": False}
-        return GrammarSpec.json_schema({"anyOf": [calls, answer]})
+        return GrammarSpec.json_schema({"anyOf": [calls, answer], **defs})
 
     def parser(self, plan: ToolPlan) -> GenericParser:
         return GenericParser(plan)

@@ -53,5 +53,38 @@ def call_schema(function: dict, arguments_key: str = "arguments") -> dict:
             "required": ["name", arguments_key], "additionalProperties": False}
 
 
+def calls_schema(functions: tuple[dict, ...], arguments_key: str = "arguments") -> dict:
+    """A call to any of `functions`: {"anyOf": [call_schema...]}, with the `$defs` their parameters
+    declare moved to this root, where their `#/$defs/...` references resolve once the parameters are
+    nested (pydantic's schemas use them), renamed per function so that two tools may use the
+    same name."""
+    defs: dict = {}
+    calls = []
+    for i, f in enumerate(functions):
+        parameters = dict(f.get("parameters") or {})
+        own = {**(parameters.pop("definitions", None) or {}), **(parameters.pop("$defs", None) or {})}
+        if own:
+            prefix = f"tool{i}."
+            parameters = _renamed_refs(parameters, prefix)
+            defs.update({prefix + name: _renamed_refs(d, prefix) for name, d in own.items()})
+        calls.append(call_schema({**f, "parameters": parameters}, arguments_key))
+    return {"anyOf": calls, **({"$defs": defs} if defs else {})}
+
+
+def _renamed_refs(schema, prefix: str):
+    """`schema` with its local references pointing at the root's `$defs`, names prefixed."""
+    if isinstance(schema, list):
+        return [_renamed_refs(s, prefix) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _renamed_refs(v, prefix) for k, v in schema.items()}
+    ref = out.get("$ref")
+    if isinstance(ref, str):
+        for local in ("#/$defs/", "#/definitions/"):
+            if ref.startswith(local):
+                out["$ref"] = "#/$defs/" + prefix + ref[len(local):]
+    return out
+
+
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
