@@ -3,7 +3,7 @@
 and thinking "disabled" turn the chat template's thinking off; earlier reasoning sent back in
 the history reaches the template as reasoning_content. The model is test_reasoning.py's scripted
 one with Qwen3's real template: it writes `<think>reason</think>` then "Paris" (or, with tools
-required, a call), so each reply below is exact."""
+required, a call in the Hermes format that template selects), so each reply below is exact."""
 from __future__ import annotations
 
 import json
@@ -83,7 +83,7 @@ def test_responses_effort_none_turns_thinking_off(server):
 
 
 def test_responses_call_after_reasoning_and_reasoning_sent_back(server, oai):
-    whole, _ = _respond(server, tools=[TOOL], tool_choice="required", parallel_tool_calls=False)
+    whole, _ = _respond(server, tools=[TOOL], tool_choice="required", parallel_tool_calls=False, max_output_tokens=80)
     reasoning, call = whole.output
     assert reasoning.content[0].text == "reason" and (call.type, call.arguments) == ("function_call", ANSWER)
     result = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
@@ -95,8 +95,8 @@ def test_responses_call_after_reasoning_and_reasoning_sent_back(server, oai):
                {"role": "tool", "tool_call_id": call.call_id, "content": "sunny"}]
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}}]
     chat = oai.chat.completions.create(model="scripted", messages=history, tools=tools, max_tokens=1)
-    without = oai.chat.completions.create(model="scripted", messages=[history[0], {**history[1], "reasoning_content": ""},
-                                                                      history[2]], tools=tools, max_tokens=1)
+    forgotten = [history[0], {**history[1], "reasoning_content": ""}, history[2]]
+    without = oai.chat.completions.create(model="scripted", messages=forgotten, tools=tools, max_tokens=1)
     assert after.usage.input_tokens == chat.usage.prompt_tokens != without.usage.prompt_tokens
 
 
@@ -121,7 +121,7 @@ def test_messages_thinking_disabled_and_sent_back(server, claude, oai):
                                  thinking={"type": "disabled"}, extra_body=GREEDY)
     assert [(b.type, b.text) for b in off.content] == [("text", "<think>reason</think>Paris")]
     tool = {"name": "get_weather", "input_schema": SCHEMA}
-    m = claude.messages.create(model="scripted", max_tokens=20, messages=[{"role": "user", "content": ASK}],
+    m = claude.messages.create(model="scripted", max_tokens=80, messages=[{"role": "user", "content": ASK}],
                                tools=[tool], tool_choice={"type": "any", "disable_parallel_tool_use": True},
                                extra_body=GREEDY)
     thinking, call = m.content
@@ -133,7 +133,8 @@ def test_messages_thinking_disabled_and_sent_back(server, claude, oai):
     chat = oai.chat.completions.create(model="scripted", max_tokens=1, messages=[
         {"role": "user", "content": ASK},
         {"role": "assistant", "reasoning_content": "reason", "tool_calls": [
-            {"id": call.id, "type": "function", "function": {"name": "get_weather", "arguments": json.dumps(call.input)}}]},
+            {"id": call.id, "type": "function",
+             "function": {"name": "get_weather", "arguments": json.dumps(call.input)}}]},
         {"role": "tool", "tool_call_id": call.id, "content": "sunny"}],
         tools=[{"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}}])
     assert count.input_tokens == chat.usage.prompt_tokens

@@ -38,11 +38,14 @@ def _events(server, body: dict) -> list[dict]:
     return events
 
 
+_VARYING = ("id", "call_id", "created_at", "completed_at", "cached_tokens")
+
+
 def _same(a: dict, b: dict) -> bool:
     """Two Response objects alike but for ids, times and prefix-cache hits."""
     def strip(x):
         if isinstance(x, dict):
-            return {k: strip(v) for k, v in x.items() if k not in ("id", "call_id", "created_at", "completed_at", "cached_tokens")}
+            return {k: strip(v) for k, v in x.items() if k not in _VARYING}
         return [strip(v) for v in x] if isinstance(x, list) else x
     return strip(a) == strip(b)
 

@@ -18,7 +18,8 @@ from vinoserve.server.limits import Limits
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on /v1 endpoints")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on /v1 endpoints")
     p.add_argument("--served-model-name", default=None, help="the model id clients use (default: model dir name)")
     p.add_argument("--max-num-seqs", type=int, default=256, help="sequences in one batch at most")
     p.add_argument("--max-num-batched-tokens", type=int, default=SchedulerConfig.max_num_batched_tokens,
