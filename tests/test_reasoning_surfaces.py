@@ -138,3 +138,28 @@ def test_messages_thinking_disabled_and_sent_back(server, claude, oai):
         {"role": "tool", "tool_call_id": call.id, "content": "sunny"}],
         tools=[{"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}}])
     assert count.input_tokens == chat.usage.prompt_tokens
+
+
+def test_openai_agents_loop_runs_the_tool_and_answers(server):
+    """openai-agents' default model through a whole loop: the forced call, the tool run by the
+    agent, its output (and the call's reasoning item) sent back, then the answer under auto."""
+    agents = pytest.importorskip("agents")
+    calls = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """Current weather in a city."""
+        calls.append(city)
+        return "sunny"
+
+    agents.set_tracing_disabled(True)
+    client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    agent = agents.Agent(name="weather", tools=[get_weather],
+                         model=agents.OpenAIResponsesModel(model="scripted", openai_client=client),
+                         model_settings=agents.ModelSettings(tool_choice="required", temperature=0, max_tokens=80,
+                                                             parallel_tool_calls=False))
+    result = agents.Runner.run_sync(agent, ASK, max_turns=3)
+    assert calls == ["Paris"] and result.final_output == "Paris"
+    first, second = result.raw_responses
+    assert [o.type for o in first.output] == ["reasoning", "function_call"]
+    assert [o.type for o in second.output] == ["reasoning", "message"]
