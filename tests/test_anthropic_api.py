@@ -134,11 +134,29 @@ def test_named_tool_and_count_tokens(api_client, claude):
     assert count.input_tokens == chat.usage.prompt_tokens
 
 
+def test_claude_code_request_shape(api_server, api_client):
+    """What Claude Code sends (captured from its CLI): max_tokens past the context, adaptive thinking,
+    effort high, a context edit that keeps all thinking, a system message among the messages,
+    stream. On this model the reply is the chat one: none of these changes it."""
+    body = {"model": MODEL, "max_tokens": 32000, "thinking": {"type": "adaptive"}, "output_config": {"effort": "high"},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+            "metadata": {"user_id": "u"}, "system": [{"type": "text", "text": "Be brief.",
+                                                      "cache_control": {"type": "ephemeral"}}],
+            "messages": [*ASK, {"role": "system", "content": "The user is a student."}], **GREEDY}
+    events = _events(api_server, body)
+    chat = _chat(api_client, [{"role": "system", "content": "Be brief."}, *ASK,
+                              {"role": "system", "content": "The user is a student."}])
+    text = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
+    assert text == chat.choices[0].message.content and events[-2]["delta"]["stop_reason"] == "end_turn"
+
+
 @pytest.mark.parametrize("fields, status, kind, says", [
     ({"max_tokens": None}, 400, "invalid_request_error", "max_tokens"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400,
      "invalid_request_error", "image"),
-    ({"messages": [{"role": "system", "content": "hi"}]}, 400, "invalid_request_error", "messages.0.role"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, 400, "invalid_request_error", "messages.0.role"),
+    ({"messages": [{"role": "system", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]},
+     400, "invalid_request_error", "system message holds text blocks only"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400, "invalid_request_error", "tools.0"),
     ({"tools": [{"name": "f"}]}, 400, "invalid_request_error", "input_schema"),
     ({"tool_choice": {"type": "any"}}, 400, "invalid_request_error", "tool_choice"),

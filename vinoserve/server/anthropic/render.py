@@ -17,7 +17,8 @@ Event = tuple[str, dict]  # (event name, data)
 
 
 class MessageBuilder:
-    def __init__(self, message_id: str, model: str, prompt_tokens: int) -> None:
+    def __init__(self, message_id: str, model: str, prompt_tokens: int, context_bound: bool = False) -> None:
+        """`context_bound`: the context, not max_tokens, limits the reply's length."""
         self.message = {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
                         "stop_reason": None, "stop_sequence": None,
                         "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
@@ -25,6 +26,7 @@ class MessageBuilder:
         self.calls: dict[int, int] = {}  # a call's index -> its block's index
         self.arguments: dict[int, str] = {}  # a tool_use block's index -> its input's JSON text so far
         self.finish = Finish(None)
+        self.context_bound = context_bound
 
     @property
     def content(self) -> list[dict]:
@@ -64,7 +66,7 @@ class MessageBuilder:
         if self.calls and reason in ("stop", "tool_calls"):
             reason = "tool_use"
         elif reason == "length":
-            reason = "max_tokens"
+            reason = "model_context_window_exceeded" if self.context_bound else "max_tokens"
         elif reason == "stop" and self.finish.stop_string is not None:
             reason, stop = "stop_sequence", self.finish.stop_string
         else:

@@ -1,21 +1,23 @@
 """A POST /v1/messages body: validated here, then converted into a chat request's fields.
 
-Honoured: system (a string or text blocks), messages with text, tool_use, tool_result (content
-as a string or text blocks; is_error marks the result as an error) and thinking blocks, tools
-(name, description, input_schema), tool_choice (auto, any, tool, none;
-disable_parallel_tool_use), stop_sequences, max_tokens, temperature, top_p, top_k, metadata,
-thinking (enabled / adaptive / disabled turn a reasoning model's thinking on or off through its
-chat template; budget_tokens is checked, and bounded only by max_tokens), output_config.format
-(a JSON schema the answer is held to). Refused with a 400: images, documents, server tools
-(web search, code execution, ...), MCP servers, containers, output_config.effort, and thinking on
-a model that does not reason.
+Honoured: system (a string or text blocks; system messages among the messages too, which Claude
+Code sends), messages with text, tool_use, tool_result (content as a string or text blocks;
+is_error marks the result as an error) and thinking blocks, tools (name, description,
+input_schema), tool_choice (auto, any, tool, none; disable_parallel_tool_use), stop_sequences,
+max_tokens (past the context: the reply ends there), temperature, top_p, top_k, metadata, thinking
+(enabled / adaptive / disabled turn a reasoning model's thinking on or off through its chat
+template; budget_tokens is checked, and bounded only by max_tokens), output_config.format (a JSON
+schema the answer is held to), output_config.effort high (the default) and context_management
+that keeps all thinking (Claude Code sends both). Refused with a 400: images, documents, server
+tools (web search, code execution, ...), MCP servers, containers, other efforts and context edits,
+and thinking enabled on a model that does not reason (adaptive thinking there is no thinking).
 """
 from __future__ import annotations
 
 import json
 from typing import Annotated, Literal
 
-from pydantic import Field, WithJsonSchema
+from pydantic import BeforeValidator, Field, WithJsonSchema
 
 from vinoserve.server.errors import APIError
 from vinoserve.server.protocol import Int, _Request, bounded_int, unsupported
@@ -56,7 +58,7 @@ Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | R
 
 
 class InputMessage(_Request):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # system: not Anthropic's, but Claude Code sends it
     content: str | list[Block]
 
 
@@ -92,9 +94,26 @@ class OutputFormat(_Request):
     schema_: dict = Field(alias="schema")
 
 
+def _default_effort(value: object) -> object:
+    if value not in (None, "high"):
+        raise ValueError("only effort high (the default) is supported by this server")
+    return value
+
+
 class OutputConfig(_Request):
     format: OutputFormat | None = None
-    effort: unsupported("output_config.effort is not supported by this server") = None
+    effort: Annotated[Literal["high"] | None, BeforeValidator(_default_effort)] = None
+
+
+class ClearThinking(_Request):
+    """The one context edit that changes nothing here: earlier thinking kept, all of it."""
+
+    type: Literal["clear_thinking_20251015"]
+    keep: Literal["all"]
+
+
+class ContextManagement(_Request):
+    edits: list[ClearThinking] = []
 
 
 class MessagesRequest(_Request):
@@ -114,6 +133,7 @@ class MessagesRequest(_Request):
     output_config: OutputConfig | None = None
     mcp_servers: unsupported("mcp_servers is not supported by this server") = None
     container: unsupported("containers are not supported by this server") = None
+    context_management: ContextManagement | None = None
 
 
 class CountTokensRequest(MessagesRequest):
@@ -147,6 +167,10 @@ def to_messages(system: str | list[TextBlock] | None, messages: list[InputMessag
     for i, m in enumerate(messages):
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
+        elif m.role == "system":
+            if any(not isinstance(b, TextBlock) for b in m.content):
+                raise APIError(400, f"messages.{i}: a system message holds text blocks only", f"messages.{i}.content")
+            out.append({"role": "system", "content": _text(m.content)})
         else:
             out += _user(m.content, i) if m.role == "user" else [_assistant(m.content, i)]
     return out
@@ -198,10 +222,13 @@ def _thinking(body: MessagesRequest, reasons: bool) -> bool | None:
     """Whether to ask the chat template for thinking (None: the template's default)."""
     if body.thinking is None:
         return None
+    if not reasons:  # adaptive or disabled: a model that does not reason thinks in neither
+        if isinstance(body.thinking, ThinkingEnabled):
+            raise APIError(400, "this model does not think: thinking must be adaptive, disabled or left out",
+                           "thinking")
+        return None
     if body.thinking.type == "disabled":
         return False
-    if not reasons:
-        raise APIError(400, "this model does not think: thinking must be disabled or left out", "thinking")
     if isinstance(body.thinking, ThinkingEnabled) and body.max_tokens is not None \
             and body.thinking.budget_tokens >= body.max_tokens:
         raise APIError(400, "thinking.budget_tokens must be less than max_tokens", "thinking.budget_tokens")

@@ -6,6 +6,7 @@ key may come as x-api-key, and the anthropic-version header is accepted whatever
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Depends, Request
@@ -32,11 +33,16 @@ async def create_message(body: MessagesRequest, raw: Request, serving: Serving =
     serving.check_model(body.model)
     try:
         prepared = await prepare_chat(serving, chat_request(chat_fields(body, serving.chat.reasoning is not None)))
-        streams = serving.admit([prepared.prompt], prepared.params, "messages")
+        # As Anthropic's API does, max_tokens may exceed what the context leaves: the reply then
+        # ends at the context's end, with stop_reason model_context_window_exceeded.
+        room = max(1, serving.engine.max_context - len(prepared.prompt))
+        params = replace(prepared.params, max_tokens=min(body.max_tokens, room))
+        streams = serving.admit([prepared.prompt], params, "messages")
     except APIError as e:
         raise renamed(e, _FIELDS) from None
     events = serving.events([prepared.prompt], streams, prepared.choice_text)
-    builder = MessageBuilder(new_id("msg"), serving.model_name, len(prepared.prompt))
+    builder = MessageBuilder(new_id("msg"), serving.model_name, len(prepared.prompt),
+                             context_bound=params.max_tokens < body.max_tokens)
     if body.stream:
         return event_stream_response(_streamed(builder, events), streams)
     return await unless_disconnected(raw, _whole(builder, events), streams)
