@@ -17,8 +17,8 @@ import numpy as np
 import openvino as ov
 
 from vinoserve.cache.kv_cache import KVCache
-from vinoserve.model.config import ModelConfig
 from vinoserve.model.loader import resolve_model_dir
+from vinoserve.model.spec import read_config
 from vinoserve.model.paged import CompileOptions, compile_paged
 
 
@@ -49,13 +49,13 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=15)
     args = ap.parse_args()
     model_dir = resolve_model_dir(args.model, args.weight_format, log=lambda m: None)
-    cfg = ModelConfig.from_dir(model_dir)
     core = ov.Core()
-    paged = compile_paged(core.read_model(model_dir / "openvino_model.xml"), cfg, CompileOptions(), core)
+    paged = compile_paged(core.read_model(model_dir / "openvino_model.xml"), CompileOptions(), core,
+                          read_config(model_dir).sliding_windows)
     names = {i.get_any_name() for i in paged.compiled.inputs}
     chunks = [int(c) for c in args.chunks.split(",")]
     steps = {b: mixed_step(names, args.decodes, args.context, b, paged.block_size) for b in chunks}
-    cache = KVCache(paged.layout, cfg.num_layers, num_blocks=max(n for _, n in steps.values()) + 1)
+    cache = KVCache(paged.layout, paged.facts.num_layers, num_blocks=max(n for _, n in steps.values()) + 1)
     request = paged.compiled.create_infer_request()
     for layer, (k, v) in enumerate(zip(cache.keys, cache.values)):
         request.set_tensor(f"key_cache.{layer}", k)

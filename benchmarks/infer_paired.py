@@ -20,15 +20,16 @@ import openvino as ov
 from openvino._offline_transformations import paged_attention_transformation
 
 from vinoserve.cache.kv_cache import KVCache
-from vinoserve.model.config import ModelConfig
 from vinoserve.model.loader import resolve_model_dir
+from vinoserve.model.spec import read_config
 from vinoserve.model.paged import CompileOptions, _cache_layout, compile_paged
 
 
-def compiled_models(core: ov.Core, model_dir: Path, cfg: ModelConfig, old_ir: Path | None,
+def compiled_models(core: ov.Core, model_dir: Path, old_ir: Path | None,
                     kv_precisions: list[str], unfused: bool = False) -> dict[str, ov.CompiledModel]:
     def ours(options: CompileOptions) -> ov.CompiledModel:
-        return compile_paged(core.read_model(model_dir / "openvino_model.xml"), cfg, options, core).compiled
+        return compile_paged(core.read_model(model_dir / "openvino_model.xml"), options, core,
+                             read_config(model_dir).sliding_windows).compiled
 
     genai = core.read_model(model_dir / "openvino_model.xml")
     paged_attention_transformation(genai, False, False, True, False, False, False)
@@ -70,19 +71,19 @@ def main() -> None:
     ap.add_argument("--unfused", action="store_true", help="ours with q/k/v as separate MatMuls too")
     args = ap.parse_args()
     model_dir = resolve_model_dir(args.model, log=lambda m: None)
-    cfg = ModelConfig.from_dir(model_dir)
     core = ov.Core()
     runs = {}
-    for name, compiled in compiled_models(core, model_dir, cfg, args.old_ir,
+    for name, compiled in compiled_models(core, model_dir, args.old_ir,
                                                    [p for p in args.kv_cache_precisions.split(",") if p],
                                                    args.unfused).items():
         blocks = args.seqs * (args.context // 32 + 1) + 1
-        cache = KVCache(_cache_layout(compiled), cfg.num_layers, num_blocks=blocks)
+        num_layers = sum(i.get_any_name().startswith("key_cache.") for i in compiled.inputs)
+        cache = KVCache(_cache_layout(compiled), num_layers, num_blocks=blocks)
         request = compiled.create_infer_request()
         for layer, (k, v) in enumerate(zip(cache.keys, cache.values)):
             request.set_tensor(f"key_cache.{layer}", k)
             request.set_tensor(f"value_cache.{layer}", v)
-        runs[name] = (request, decode_inputs(compiled, cfg.num_layers, args.seqs, args.context), cache)
+        runs[name] = (request, decode_inputs(compiled, num_layers, args.seqs, args.context), cache)
     wall = {k: [] for k in runs}
     cpu = {k: [] for k in runs}
     for _ in range(args.calls):

@@ -31,3 +31,22 @@ def api_client(api_server):
     import openai
 
     return openai.OpenAI(base_url=f"{api_server.url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="session")
+def ir_export(tmp_path_factory):
+    """"ARCH" or "ARCH-int4" -> (HF dir, IR dir) of a tiny random model of ir_fixtures.ARCHITECTURES,
+    exported once a session (a few seconds each)."""
+    from ir_fixtures import Export, export_ir, export_ir_int4, save_tiny_hf
+
+    made = {}
+
+    def get(name: str) -> Export:
+        if name not in made:
+            root = tmp_path_factory.mktemp(name)
+            arch, _, weights = name.partition("-")
+            hf = save_tiny_hf(arch, root / "hf")
+            made[name] = Export(hf, (export_ir_int4 if weights == "int4" else export_ir)(hf, root / "ir"))
+        return made[name]
+
+    return get

@@ -182,7 +182,8 @@ def test_gemma_residual_past_f16_range_stays_finite_at_the_plugins_default_preci
     with torch.no_grad():
         out = hf(torch.tensor([ids]), output_hidden_states=True)
     assert max(h.abs().max().item() for h in out.hidden_states) > 65504
-    model = compile_paged(build_model(src.config, src.tensor), src.config, CompileOptions())
+    model = compile_paged(build_model(src.config, src.tensor), CompileOptions(),
+                          sliding_windows=src.config.sliding_windows)
     runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=2))
     logits = runner.step([ScheduledChunk(ids, 0, [[0, 1]], num_logits=len(ids))]).logits[0]
     assert np.isfinite(logits).all()

@@ -26,3 +26,15 @@ def test_precision_and_sampling_flags_reach_both_engines(tmp_path):
     assert re.search(r"^paired ratios: \d+\.\d{3} \d+\.\d{3}$", out, re.M), out  # --repeats 2: two paired runs
     assert re.search(r"^ratio vinoserve / genai: \d+\.\d{3}$", out, re.M), out
     assert "Model: LLM with Paged Attention" not in out  # genai's property dump stays captured
+
+
+def test_fresh_prompts_share_no_prefix_cache_block(smollm2_gguf):
+    """`--prompts 64` used to stop on "prefix cache hit": docstrings inherited by subclasses put one
+    passage into the text several times, and two evenly spaced cuts began inside two copies."""
+    from vinoserve.bench.engine_vs_genai import real_text_prompts
+    from vinoserve.model.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_gguf(smollm2_gguf)
+    for count in (3, 66, 194):  # the bench's --prompts 1, 64 (+2 warm-up), 64 x 3 repeats
+        prompts = real_text_prompts(tokenizer, count, 256)
+        assert len({tuple(p[:32]) for p in prompts}) == count and {len(p) for p in prompts} == {256}

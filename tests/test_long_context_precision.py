@@ -34,7 +34,7 @@ def test_default_kv_cache_is_bf16_where_compute_is_bf16_and_explicit_choices_win
     src = GGUFModel.open(write_gguf(tiny_hf_model("llama"), tmp_path / "tiny.gguf"))
 
     def key_type(options: CompileOptions) -> str:
-        return compile_paged(build_model(src.config, src.tensor), src.config, options).layout.key_type.get_type_name()
+        return compile_paged(build_model(src.config, src.tensor), options).layout.key_type.get_type_name()
 
     default = ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
     if default == "bf16":

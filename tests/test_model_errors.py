@@ -1,6 +1,11 @@
 """Bad model input: a clear error, a non-zero CLI exit, and nothing half-written in the cache."""
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
 import zipfile
 
 import gguf
@@ -8,6 +13,7 @@ import numpy as np
 import pytest
 
 from gguf_fixtures import tiny_hf_model, write_gguf
+from server_process import free_port
 from vinoserve.cli import main
 from vinoserve.model.default_model import extract_verified
 from vinoserve.model.errors import ModelLoadError
@@ -79,6 +85,96 @@ def test_valid_gguf_converts_once_into_the_cache(cache, tmp_path):
     assert resolve_model_dir(str(path)) == first
     assert (first / "openvino_model.bin").stat().st_mtime_ns == mtime
     assert [p for p in _leftovers(cache / "converted") if p.startswith(".")] == []
+
+
+# The command line as users meet it: a model that cannot load is one line and a non-zero exit,
+# from `generate` (and `prepare`) at once, and from `serve` once its loading thread finds out.
+
+def _cli(*args: str, cache) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vinoserve.cli", *args], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "VINOSERVE_CACHE": str(cache)})
+
+
+def _one_error_line(text: str) -> str:
+    assert "Traceback" not in text, text
+    errors = [line for line in text.splitlines() if "error" in line.lower() or "CRITICAL" in line]
+    assert len(errors) == 1, text
+    return errors[0]
+
+
+def _unreadable_tensor_gguf(path):
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, value in [("block_count", 1), ("context_length", 64), ("embedding_length", 32),
+                       ("feed_forward_length", 64), ("head_count", 2), ("vocab_size", 32)]:
+        getattr(w, f"add_{key}")(value)
+    w.add_tensor("token_embd.weight", np.zeros((32, 40), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q8_1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _ir_without(ir_export, tmp_path, name: str, edit=None):
+    model = shutil.copytree(ir_export("llama").ir_dir, tmp_path / "model")
+    if edit is None:
+        (model / name).unlink()
+    else:
+        (model / name).write_text(edit((model / name).read_text()))
+    return model
+
+
+def _no_context_length(text: str) -> str:
+    config = json.loads(text)
+    del config["max_position_embeddings"]
+    return json.dumps(config)
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("truncated gguf", "is not a readable GGUF file (truncated or corrupt?)"),
+    ("tensor type", "tensor token_embd.weight is Q8_1, which vinoserve cannot read; supported: F32, F16,"),
+    ("no tokenizer", "has no openvino_tokenizer.xml (optimum-cli exports them unless told"),
+    ("no context length", "config.json has no max_position_embeddings (the model's context length)"),
+    ("corrupt IR", "openvino_model.xml cannot be read (truncated or corrupt?)"),
+])
+def test_generate_with_a_model_that_cannot_load(case, expected, cache, tmp_path, ir_export):
+    if case == "truncated gguf":
+        model = write_gguf(tiny_hf_model("llama"), tmp_path / "tiny.gguf")
+        model.write_bytes(model.read_bytes()[:5000])
+    elif case == "tensor type":
+        model = _unreadable_tensor_gguf(tmp_path / "q8_1.gguf")
+    elif case == "no tokenizer":
+        model = _ir_without(ir_export, tmp_path, "openvino_tokenizer.xml")
+    elif case == "no context length":
+        model = _ir_without(ir_export, tmp_path, "config.json", _no_context_length)
+    else:
+        model = _ir_without(ir_export, tmp_path, "openvino_model.xml", lambda xml: xml[: len(xml) // 2])
+    done = _cli("generate", "--model", str(model), "hello", cache=cache)
+    assert done.returncode == 1 and done.stdout == ""
+    line = _one_error_line(done.stderr)
+    assert line.startswith("vinoserve: error: ") and expected in line, line
+
+
+def test_chat_with_a_model_that_cannot_load(cache, tmp_path):
+    model = write_gguf(tiny_hf_model("llama"), tmp_path / "tiny.gguf")
+    model.write_bytes(model.read_bytes()[:5000])
+    done = _cli("chat", "--model", str(model), cache=cache)
+    assert done.returncode == 1
+    assert _one_error_line(done.stderr).startswith("vinoserve: error: model failed to load: ")
+
+
+@pytest.mark.parametrize("case", ["truncated gguf", "no tokenizer"])
+def test_serve_exits_1_with_one_line_when_the_model_cannot_load(case, cache, tmp_path, ir_export):
+    """Not a server answering 503 forever: systemd, Docker and Kubernetes restart one that exits."""
+    if case == "truncated gguf":
+        model = write_gguf(tiny_hf_model("llama"), tmp_path / "tiny.gguf")
+        model.write_bytes(model.read_bytes()[:5000])
+    else:
+        model = _ir_without(ir_export, tmp_path, "openvino_tokenizer.xml")
+    done = _cli("serve", "--model", str(model), "--port", str(free_port()), cache=cache)
+    assert done.returncode == 1
+    line = _one_error_line(done.stderr)
+    assert "CRITICAL vinoserve: model failed to load: " in line and line.endswith("; exiting with status 1")
 
 
 def test_a_chat_template_that_cannot_be_read_is_one_line_and_exit_1(tmp_path, capsys):

@@ -44,7 +44,7 @@ def _hf_logits(hf, ids: list[int]) -> np.ndarray:
 def test_paged_logits_equal_hf(shape, tmp_path):
     hf, path = _gguf_for(SHAPES[shape], tmp_path)
     src = GGUFModel.open(path)
-    model = compile_paged(build_model(src.config, src.tensor, "f16"), src.config, F32)
+    model = compile_paged(build_model(src.config, src.tensor, "f16"), F32, sliding_windows=src.config.sliding_windows)
     runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=8))
     rng = np.random.default_rng(0)
     ids = rng.integers(0, hf.config.vocab_size, size=90).tolist()
@@ -63,7 +63,7 @@ def test_paged_logits_equal_hf(shape, tmp_path):
 def test_two_sequences_in_one_step_match_separate_runs(tmp_path):
     hf, path = _gguf_for(SHAPES["llama-gqa-untied"], tmp_path)
     src = GGUFModel.open(path)
-    model = compile_paged(build_model(src.config, src.tensor, "f16"), src.config, F32)
+    model = compile_paged(build_model(src.config, src.tensor, "f16"), F32, sliding_windows=src.config.sliding_windows)
     runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=8))
     a, b = list(range(3, 43)), list(range(100, 170))
     out = runner.step([ScheduledChunk(a, 0, [[0, 1]], num_logits=len(a)),
@@ -93,7 +93,7 @@ def test_int8_weights_are_compressed_and_exact(tmp_path):
     # compute the graph is exactly f32 arithmetic on the dequantized weights, on every CPU.
     core = ov.Core()
     core.set_property("CPU", {"DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"})
-    model = compile_paged(graph, src.config, F32, core)
+    model = compile_paged(graph, F32, core, src.config.sliding_windows)
 
     def round_tripped(name: str) -> GGUFTensor:
         w = src.weight(name)
@@ -103,7 +103,8 @@ def test_int8_weights_are_compressed_and_exact(tmp_path):
         assert (np.abs(q - w) <= scale).all()  # within a step (the f16 scale may clip an end)
         return GGUFTensor.from_array(name, q)
 
-    ref_model = compile_paged(build_model(src.config, round_tripped, "f32"), src.config, F32)
+    ref_model = compile_paged(build_model(src.config, round_tripped, "f32"), F32,
+                              sliding_windows=src.config.sliding_windows)
     ids = list(range(10, 60))
     got, ref = (ModelRunner(m, KVCache(m.layout, src.config.num_layers, num_blocks=4))
                 .step([ScheduledChunk(ids, 0, [[0, 1]], num_logits=len(ids))]).logits[0]
@@ -137,7 +138,7 @@ def test_a_q8_0_token_table_stays_8bit_with_its_values_exactly(tie, tmp_path):
         graph = build_model(src.config, src.tensor, fmt)
         for name in ("model.embed_tokens.weight", "lm_head.weight")[:len(tables)]:
             assert _constant_types(graph, name) == ({"f32"} if fmt == "f32" else {"i8"}), (fmt, name)
-        model = compile_paged(graph, src.config, F32, core)
+        model = compile_paged(graph, F32, core, src.config.sliding_windows)
         runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=4))
         logits.append(runner.step([ScheduledChunk(ids, 0, [[0, 1]], num_logits=len(ids))]).logits[0].copy())
     np.testing.assert_allclose(logits[1], logits[0], atol=1e-4, rtol=0)
@@ -164,7 +165,7 @@ def test_fused_qkv_projection_gives_identical_logits(shape, weights, tmp_path):
     ids = list(range(10, 60))
     models, logits = [], []
     for fuse in (False, True):
-        model = compile_paged(build_model(src.config, src.tensor, weights), src.config,
+        model = compile_paged(build_model(src.config, src.tensor, weights),
                               CompileOptions(inference_precision="f32", kv_cache_precision="f32", fuse_projections=fuse))
         runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=4))
         logits.append(runner.step([ScheduledChunk(ids, 0, [[0, 1]], num_logits=len(ids))]).logits[0].copy())

@@ -4,6 +4,8 @@ int8 weights drafting for SmolLM2 at f32 gives the plain engine's greedy tokens;
 another tokenizer is refused. Both caches give every block back."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import gguf_fixtures
 import pytest
 
@@ -95,12 +97,12 @@ def test_a_full_draft_cache_skips_proposing_but_never_fails(tiny, reference):
     _all_blocks_back(engine)
 
 
-def test_a_draft_with_another_tokenizer_is_refused(tiny, tmp_path, monkeypatch):
+def test_a_draft_with_another_tokenizer_is_refused(tiny, tmp_path):
     hf = tiny[0]
     swapped = list(gguf_fixtures.TOKENS)
     swapped[65], swapped[66] = swapped[66], swapped[65]  # same size, two tokens trade ids
-    monkeypatch.setattr(gguf_fixtures, "TOKENS", swapped)
-    other = gguf_fixtures.write_gguf(hf, tmp_path / "swapped.gguf")
+    vocab = replace(gguf_fixtures.TINY_VOCAB, tokens=swapped)
+    other = gguf_fixtures.write_gguf(hf, tmp_path / "swapped.gguf", vocab=vocab)
     cfg = EngineConfig(model=tiny[1], compile=F32, weight_format="f32", num_kv_blocks=16,
                        speculative=_draft_config(str(other)))
     with pytest.raises(ValueError, match="does not share the target's tokenizer"):

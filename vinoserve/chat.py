@@ -222,26 +222,35 @@ class _LocalServer:
         logging.getLogger("vinoserve").setLevel(logging.INFO)
         config = ServerConfig(engine_config, generation_config=args.generation_config,
                               override_generation_config=args.override_generation_config)
-        self.server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=0,
-                                                    log_level="warning", lifespan="on"))
+        self.failure: str | None = None  # why the model did not load, or the engine died
+        self.server = uvicorn.Server(uvicorn.Config(create_app(config, on_fatal=self._stop), host="127.0.0.1",
+                                                    port=0, log_level="warning", lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, name="vinoserve-chat-server", daemon=True)
 
+    def _stop(self, reason: str) -> None:
+        self.failure = reason
+        self.server.should_exit = True
+
     def __enter__(self) -> str:
+        from vinoserve.model.errors import ModelLoadError
+
         print("loading the model ...", file=sys.stderr, flush=True)
         self.thread.start()
         while not self.server.started:
             if not self.thread.is_alive():
-                raise RuntimeError("the in-process server did not start")
+                raise ModelLoadError(self.failure or "the in-process server did not start")
             time.sleep(0.05)
         port = self.server.servers[0].sockets[0].getsockname()[1]
         url = f"http://127.0.0.1:{port}"
-        while (res := httpx.get(f"{url}/health", timeout=10)).status_code != 200:
-            message = res.json().get("error", {}).get("message", "")
-            if "failed to load" in message:
-                self.__exit__()
-                raise RuntimeError(message)
+        while self.failure is None:
+            try:
+                if httpx.get(f"{url}/health", timeout=10).status_code == 200:
+                    return url
+            except httpx.TransportError:  # the server is stopping: the failure is about to be known
+                pass
             time.sleep(0.2)
-        return url
+        self.__exit__()
+        raise ModelLoadError(self.failure)
 
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True

@@ -177,7 +177,7 @@ def _generate(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from vinoserve.model.errors import ModelLoadError
+    from vinoserve.model.errors import ModelLoadError, one_line
 
     try:
         if args.command == "bench":
@@ -201,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             return run(args, None if args.url else _engine_config(args))
         else:
             {"prepare": _prepare, "generate": _generate}[args.command](args)
-    except (ModelLoadError, ValueError, FileNotFoundError) as e:
-        print(f"vinoserve: error: {e}", file=sys.stderr)
+    except (ModelLoadError, ValueError, OSError) as e:
+        print(f"vinoserve: error: {one_line(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -71,13 +71,22 @@ class Sampling:
         return cfg
 
 
-def real_text_prompts(tokenizer: Tokenizer, count: int, length: int) -> list[list[int]]:
-    """Distinct prompts of exactly `length` tokens cut from real English text."""
+def real_text_prompts(tokenizer: Tokenizer, count: int, length: int, distinct_head: int = 32) -> list[list[int]]:
+    """Prompts of exactly `length` tokens cut from real English text, spread evenly over it, no two
+    starting with the same `distinct_head` tokens (a prefix-cache block): text that says a thing
+    twice would otherwise hand two "fresh" prompts a shared first block."""
     ids = tokenizer.encode(stdlib_english(), add_special_tokens=False)
     stride = max(1, (len(ids) - length) // count)
     if len(ids) < length + count:
         raise SystemExit(f"only {len(ids)} tokens of text; need {length + count}")
-    return [ids[i * stride:i * stride + length] for i in range(count)]
+    prompts, heads = [], set()
+    for i in range(count):
+        start = i * stride
+        while tuple(ids[start:start + distinct_head]) in heads and start + length < len(ids):
+            start += 1
+        heads.add(tuple(ids[start:start + distinct_head]))
+        prompts.append(ids[start:start + length])
+    return prompts
 
 
 def random_qwen2_gguf(path: Path, s: dict) -> Path:

@@ -21,13 +21,16 @@ class BenchRequest:
 
 def stdlib_english() -> str:
     """Real English text available offline (no data set can be downloaded here): the standard
-    library's documentation strings, paragraphs of 200+ characters."""
+    library's documentation strings, paragraphs of 200+ characters, each once. A class without a
+    docstring inherits its base's from inspect.getdoc, and a module re-exports what another defines:
+    kept twice, a passage made two "fresh" prompts that start alike (prefix-cache hits in `bench
+    engine`, which compares against an engine that caches no prefixes)."""
     import argparse, asyncio, collections, email, json as js, logging, subprocess, threading, unittest  # noqa
 
     docs = [inspect.getdoc(obj) or "" for mod in (argparse, asyncio, collections, email, js, logging, subprocess,
                                                   threading, unittest, inspect)
             for obj in (mod, *(o for _, o in inspect.getmembers(mod) if inspect.isclass(o) or inspect.isfunction(o)))]
-    return "\n\n".join(d for d in docs if len(d) > 200)
+    return "\n\n".join(dict.fromkeys(d for d in docs if len(d) > 200))
 
 
 def _english_words() -> list[str]:

@@ -10,7 +10,7 @@ from vinoserve.cache.eviction import CacheEvictionConfig, EvictionState
 from vinoserve.cache.kv_cache import KVCache
 from vinoserve.cache.rotation import HostRotator, LayerRotation, RotationTable
 from vinoserve.engine.model_runner import KernelRotation
-from vinoserve.model.config import ModelConfig
+from vinoserve.model.spec import ModelSpec
 from vinoserve.scheduler.sequence import Sequence
 
 
@@ -22,19 +22,24 @@ class SequenceEviction:
 
 
 class Evictor:
-    def __init__(self, config: CacheEvictionConfig, model: ModelConfig, blocks: BlockManager,
+    def __init__(self, config: CacheEvictionConfig, model: ModelSpec, blocks: BlockManager,
                  cache: KVCache, in_kernel: bool) -> None:
-        if model.sliding_windows:
+        if model.has_sliding_windows:
             # The kernel's window counts cached tokens, which eviction compacts: a windowed layer
             # would then see further back than the model was trained to.
             raise ValueError("cache eviction does not work with sliding-window attention models "
                              f"({model.architecture}); run without --cache-eviction")
-        if model.rope.dim != model.head_size:
-            raise ValueError("cache rotation needs RoPE over the whole head (partial rotary is unsupported)")
         self.config, self.model, self.blocks, self.in_kernel = config, model, blocks, in_kernel
-        b = blocks.block_size
-        self.table = RotationTable(model.rope.inverse_frequencies(), b, rows=blocks.blocks_for(model.max_context) + 1)
-        self.host = None if in_kernel else HostRotator(cache.keys, b, model.head_size)
+        self.table = self.host = self._cannot_rotate = None
+        try:
+            rope = model.rotation_rope()
+        except ValueError as e:  # eviction without rotation still works; asking for rotation is refused
+            self._cannot_rotate = e
+        else:
+            b = blocks.block_size
+            self.table = RotationTable(rope.inverse_frequencies(), b, rows=blocks.blocks_for(model.max_context) + 1)
+            self.host = None if in_kernel else HostRotator(cache.keys, b, model.head_size)
+        self._check_rotation(config.rotation)
         self.num_evicted_blocks = 0
         self.num_rotated_blocks = 0
 
@@ -44,8 +49,13 @@ class Evictor:
         if overrides.pop("enabled", True) is False:
             return None
         cfg = self.config.with_overrides(overrides, self.blocks.block_size)
+        self._check_rotation(cfg.rotation)
         layers = self.model.num_layers
         return SequenceEviction(EvictionState(cfg, layers, self.blocks.block_size), [[] for _ in range(layers)])
+
+    def _check_rotation(self, rotation: bool) -> None:
+        if rotation and self._cannot_rotate is not None:
+            raise self._cannot_rotate
 
     @staticmethod
     def room(seq: Sequence, ev: SequenceEviction) -> int:

@@ -101,7 +101,7 @@ class ModelRunner:
                 request.set_tensor(f"value_cache.{layer}", v)
         self._inputs = [_InputTensors(request) for request in self._infer_requests]
         self._turn = 0
-        self._num_layers = model.config.num_layers
+        self._num_layers = model.facts.num_layers
         self._has_scores = model.options.score_outputs
         self._has_rotation = model.options.cache_rotation
         self._per_layer_tables = model.options.per_layer_block_tables
@@ -170,7 +170,7 @@ class ModelRunner:
         # No copy: every use of the logits ends before this request runs again, and copying them was
         # a third of the runner's host time at 64 sequences (12.6 MB per step for a 49k vocabulary).
         num_rows = sum(step.num_logits)
-        rows = step.request.get_tensor("logits").data.reshape(-1, self.model.config.vocab_size)[:num_rows]
+        rows = step.request.get_tensor("logits").data.reshape(-1, self.model.facts.vocab_size)[:num_rows]
         scores = None
         if self._has_scores:
             scores = [np.array(step.request.get_tensor(f"scores.{i}").data) for i in range(self._num_layers)]
@@ -197,7 +197,7 @@ class ModelRunner:
             ])
 
     def _rotation_inputs(self, rotation: KernelRotation | None, inputs: dict) -> None:
-        head_size = self.model.config.head_size
+        head_size = self.model.facts.head_size
         inputs["model_rotation_trig_lut"] = (rotation.table if rotation is not None
                                              else np.zeros((1, head_size), dtype=np.float32))
         for layer in range(self._num_layers):

@@ -1,13 +1,12 @@
-"""The architecture facts the graph builder and the engine need, in one typed place.
+"""The architecture facts the GGUF graph builder needs, in one typed place.
 
 A converted model directory stores them as an HF-style config.json, so models exported by
-optimum-cli and models converted from GGUF are read the same way.
+optimum-cli and models converted from GGUF are served the same way (model/spec.py reads what the
+engine needs of both, with rope_from_hf and sliding_windows_from_hf below).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from vinoserve.model.rope import RopeConfig, longrope
 
@@ -93,24 +92,9 @@ class ModelConfig:
         head_size = d.get("head_dim") or d["hidden_size"] // heads
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        factors = d.get("vinoserve_rope_freq_factors")
-        # transformers >= 5 folds theta and scaling into one `rope_parameters` dict (per layer
-        # kind where they differ: Gemma 3's full-attention layers are the model's main RoPE).
-        params = d.get("rope_parameters") or {}
-        params = params.get("full_attention", params)
-        scaling = d.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
-        theta = float(d.get("rope_theta", params.get("rope_theta", 10000.0)))
-        rope_dim = int(head_size * d.get("partial_rotary_factor", params.get("partial_rotary_factor", 1.0)))
         max_context = int(d.get("max_position_embeddings", 2048))
-        if scaling and scaling.get("rope_type", scaling.get("type")) in ("longrope", "su"):
-            original = scaling.get("original_max_position_embeddings", d.get("original_max_position_embeddings"))
-            rope = longrope(theta, rope_dim, scaling["short_factor"], scaling["long_factor"], int(original),
-                            max_context, scaling.get("attention_factor"))
-        else:
-            rope = RopeConfig(theta=theta, dim=rope_dim, scaling=scaling,
-                              freq_factors=tuple(factors) if factors else None,
-                              attention_factor=float(d.get("vinoserve_rope_attention_factor", 1.0)))
-        windows = _sliding_windows(d, d["num_hidden_layers"], max_context)
+        rope = rope_from_hf(d, head_size, max_context)
+        windows = sliding_windows_from_hf(d, d["num_hidden_layers"], max_context)
         return cls(
             architecture=model_type,
             num_layers=d["num_hidden_layers"],
@@ -129,16 +113,30 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             hidden_act=d.get("hidden_act") or d.get("hidden_activation") or "silu",
             sliding_windows=windows,
-            local_rope=_local_rope(d, rope_dim) if windows else None,
+            local_rope=_local_rope(d, rope.dim) if windows else None,
             attention_scale=float(d["query_pre_attn_scalar"]) ** -0.5 if d.get("query_pre_attn_scalar") else None,
         )
 
-    @classmethod
-    def from_dir(cls, path: Path) -> ModelConfig:
-        return cls.from_hf_dict(json.loads((path / "config.json").read_text()))
+
+def rope_from_hf(d: dict, head_size: int, max_context: int) -> RopeConfig:
+    """The model's main RoPE from an HF config.json (ValueError for a scaling RopeConfig refuses)."""
+    factors = d.get("vinoserve_rope_freq_factors")
+    # transformers >= 5 folds theta and scaling into one `rope_parameters` dict (per layer
+    # kind where they differ: Gemma 3's full-attention layers are the model's main RoPE).
+    params = d.get("rope_parameters") or {}
+    params = params.get("full_attention", params)
+    scaling = d.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
+    theta = float(d.get("rope_theta", params.get("rope_theta", 10000.0)))
+    rope_dim = int(head_size * d.get("partial_rotary_factor", params.get("partial_rotary_factor", 1.0)))
+    if scaling and scaling.get("rope_type", scaling.get("type")) in ("longrope", "su"):
+        original = scaling.get("original_max_position_embeddings", d.get("original_max_position_embeddings"))
+        return longrope(theta, rope_dim, scaling["short_factor"], scaling["long_factor"], int(original),
+                        max_context, scaling.get("attention_factor"))
+    return RopeConfig(theta=theta, dim=rope_dim, scaling=scaling, freq_factors=tuple(factors) if factors else None,
+                      attention_factor=float(d.get("vinoserve_rope_attention_factor", 1.0)))
 
 
-def _sliding_windows(d: dict, num_layers: int, max_context: int) -> tuple[int, ...]:
+def sliding_windows_from_hf(d: dict, num_layers: int, max_context: int) -> tuple[int, ...]:
     """Per-layer windows from HF's `sliding_window` and `layer_types` (transformers >= 5 writes
     both; older configs: every layer, unless `use_sliding_window` says off). A window as long as
     the context is none."""

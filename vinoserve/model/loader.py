@@ -1,19 +1,19 @@
 """From what a user names (nothing, a built-in name, a GGUF file, an IR dir) to a compiled model."""
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import openvino as ov
 
 from vinoserve.model import default_model
-from vinoserve.model.config import ModelConfig
+from vinoserve.model.architectures.phi3 import pin_longrope
 from vinoserve.model.convert import converted_dir
-from vinoserve.model.errors import ModelLoadError
+from vinoserve.model.errors import ModelLoadError, last_line
 from vinoserve.model.weights import WeightFormat
 from vinoserve.model.paged import CompileOptions, PagedModel, compile_paged
-from vinoserve.model.tokenizer import Tokenizer
+from vinoserve.model.spec import ModelSpec, read_config
+from vinoserve.model.tokenizer import DETOKENIZER_XML, TOKENIZER_XML, Tokenizer
 
 
 def resolve_model_dir(model: str | None, weight_format: WeightFormat = "f16", log=print) -> Path:
@@ -37,7 +37,7 @@ def resolve_model_dir(model: str | None, weight_format: WeightFormat = "f16", lo
 @dataclass
 class LoadedModel:
     path: Path
-    config: ModelConfig
+    config: ModelSpec
     paged: PagedModel
     tokenizer: Tokenizer
 
@@ -45,20 +45,31 @@ class LoadedModel:
 def load_model(model: str | None = None, options: CompileOptions = CompileOptions(),
                weight_format: WeightFormat = "f16", log=print) -> LoadedModel:
     path = resolve_model_dir(model, weight_format, log)
-    config = _read_config(path)
+    config = read_config(path)  # what can be missing is found before the compile, which takes a while
     core = ov.Core()
-    paged = compile_paged(core.read_model(path / "openvino_model.xml"), config, options, core)
-    return LoadedModel(path, config, paged, Tokenizer.from_ir_dir(path))
+    tokenizer = _tokenizer(path, core)
+    graph = _read_model(core, path)
+    if config.rope is not None and config.rope.freq_factors is not None:
+        pin_longrope(graph, config.rope)
+    paged = compile_paged(graph, options, core, config.sliding_windows)
+    return LoadedModel(path, ModelSpec.of(paged.facts, config), paged, tokenizer)
 
 
-def _read_config(path: Path) -> ModelConfig:
+def _tokenizer(path: Path, core: ov.Core) -> Tokenizer:
+    missing = [name for name in (TOKENIZER_XML, DETOKENIZER_XML) if not (path / name).is_file()]
+    if missing:
+        raise ModelLoadError(f"{path} has no {' or '.join(missing)} (optimum-cli exports them unless told "
+                             f"--disable-convert-tokenizer; openvino_tokenizers' convert_tokenizer makes them)")
     try:
-        config = ModelConfig.from_dir(path)
-    except (OSError, KeyError, ValueError) as e:
-        raise ModelLoadError(f"{path}/config.json: {e}") from e
-    gen = path / "generation_config.json"
-    if gen.is_file():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-        extra = eos if isinstance(eos, list) else [] if eos is None else [eos]
-        config = replace(config, eos_token_ids=tuple(dict.fromkeys([*config.eos_token_ids, *extra])))
-    return config
+        return Tokenizer.from_ir_dir(path, core)
+    except RuntimeError as e:
+        raise ModelLoadError(f"{path}: the tokenizer cannot be loaded: {last_line(e)}") from e
+
+
+def _read_model(core: ov.Core, path: Path) -> ov.Model:
+    try:
+        return core.read_model(path / "openvino_model.xml")
+    except RuntimeError as e:
+        raise ModelLoadError(f"{path}/openvino_model.xml cannot be read (truncated or corrupt?): "
+                             f"{last_line(e)}") from e
+

@@ -13,9 +13,9 @@ import openvino.opset13 as ops
 from openvino._offline_transformations import paged_attention_transformation
 
 from vinoserve.model import fuse_projections as projections
-from vinoserve.model.architectures.phi3 import pin_longrope
-from vinoserve.model.config import ModelConfig
-from vinoserve.model.errors import ModelLoadError
+from vinoserve.model.errors import ModelLoadError, last_line
+from vinoserve.model.graph_facts import (MAX_CONTEXT_LEN_INPUT, SLIDING_WINDOW_INPUT, GraphFacts, layer_index,
+                                         lm_head, read_graph_facts)
 
 SAMPLED_INDICES = "sampled_token_indices"
 PRECISIONS = ("f32", "f16", "bf16")
@@ -79,7 +79,7 @@ class CacheLayout:
 
 @dataclass
 class PagedModel:
-    config: ModelConfig
+    facts: GraphFacts
     compiled: ov.CompiledModel
     options: CompileOptions
     layout: CacheLayout
@@ -101,13 +101,17 @@ def to_paged(model: ov.Model, options: CompileOptions, sliding_windows: tuple[in
     """In place: SDPA + KV state -> PagedAttention (block tables per layer or shared, see
     CompileOptions) with each layer's attention window, plus a row gather before the LM head so a
     step computes logits only for the tokens it samples."""
-    paged_attention_transformation(
-        model, options.per_layer_block_tables, options.score_outputs, options.score_outputs, options.cache_rotation,
-        False, False, False,
-    )
+    try:
+        paged_attention_transformation(
+            model, options.per_layer_block_tables, options.score_outputs, options.score_outputs,
+            options.cache_rotation, False, False, False,
+        )
+    except RuntimeError as e:
+        raise ModelLoadError(f"OpenVINO's PagedAttention transformation cannot convert this model: "
+                             f"{last_line(e)}") from e
     if sliding_windows:
         _set_windows(model, sliding_windows)
-    head = next(n for n in model.get_ordered_ops() if n.get_friendly_name() == "lm_head")
+    head = lm_head(model)
     indices = ops.parameter([-1], ov.Type.i64, name=SAMPLED_INDICES)
     indices.output(0).set_names({SAMPLED_INDICES})
     hidden = head.input(0).get_source_output()
@@ -117,11 +121,6 @@ def to_paged(model: ov.Model, options: CompileOptions, sliding_windows: tuple[in
     return model
 
 
-# PagedAttention's inputs: q, k, v, key_cache.N, value_cache.N, past_lens, subsequence_begins,
-# block_indices, block_indices_begins, scale, sliding_window, alibi_slopes, max_context_len, ...
-_KEY_CACHE, _SLIDING_WINDOW, _MAX_CONTEXT_LEN = 3, 10, 12
-
-
 def _set_windows(model: ov.Model, windows: tuple[int, ...]) -> None:
     """The transformation finds a window only in the mask patterns of a few exports (Phi-3's,
     gpt-oss'): each layer's is set from the config instead, for GGUF and IR models alike. The op
@@ -129,14 +128,17 @@ def _set_windows(model: ov.Model, windows: tuple[int, ...]) -> None:
     for node in model.get_ordered_ops():
         if node.get_type_name() != "PagedAttentionExtension":
             continue
-        if node.input_value(_MAX_CONTEXT_LEN).get_node().get_friendly_name() != "max_context_len":
+        if node.input_value(MAX_CONTEXT_LEN_INPUT).get_node().get_friendly_name() != "max_context_len":
             raise ModelLoadError("this OpenVINO's PagedAttention inputs are not in the order vinoserve knows")
-        layer = int(node.input_value(_KEY_CACHE).get_node().get_friendly_name().rsplit(".", 1)[1])
-        node.input(_SLIDING_WINDOW).replace_source_output(ops.constant(np.int32(windows[layer])).output(0))
+        layer = layer_index(node)
+        if layer >= len(windows):
+            raise ModelLoadError(f"the config gives sliding windows for {len(windows)} layers; the graph has more")
+        node.input(SLIDING_WINDOW_INPUT).replace_source_output(ops.constant(np.int32(windows[layer])).output(0))
 
 
-def compile_paged(model: ov.Model, config: ModelConfig, options: CompileOptions,
-                  core: ov.Core | None = None) -> PagedModel:
+def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None = None,
+                  sliding_windows: tuple[int, ...] = ()) -> PagedModel:
+    """`sliding_windows`: each layer's, from the model's config (empty: as the transformation found them)."""
     core = core or ov.Core()
     options = _default_kv_precision(options, core)
     if options.fuse_projections is None:
@@ -144,16 +146,14 @@ def compile_paged(model: ov.Model, config: ModelConfig, options: CompileOptions,
         options = replace(options, fuse_projections=fuse)
     if options.fuse_projections:
         projections.fuse_projections(model)
-    if config.rope.freq_factors is not None:
-        pin_longrope(model, config.rope)
+    facts = read_graph_facts(to_paged(model, options, sliding_windows))
     try:
-        compiled = core.compile_model(to_paged(model, options, config.sliding_windows), options.device,
-                                      options.properties())
+        compiled = core.compile_model(model, options.device, options.properties())
     except RuntimeError as e:
         # e.g. a bf16 KV cache with f32 compute on a CPU without bf16: the plugin refuses it.
-        reason = next((line for line in reversed(str(e).splitlines()) if line.strip()), str(e))
-        raise ModelLoadError(f"{options.device} cannot run this model with {options.properties()}: {reason}") from e
-    return PagedModel(config, compiled, options, _cache_layout(compiled))
+        raise ModelLoadError(f"{options.device} cannot run this model with {options.properties()}: "
+                             f"{last_line(e)}") from e
+    return PagedModel(facts, compiled, options, _cache_layout(compiled))
 
 
 def _default_kv_precision(options: CompileOptions, core: ov.Core) -> CompileOptions:

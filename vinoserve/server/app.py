@@ -18,6 +18,7 @@ from fastapi.responses import HTMLResponse, Response
 from vinoserve.engine.async_engine import AsyncLLMEngine
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.model.default_model import DEFAULT_MODEL
+from vinoserve.model.errors import ModelLoadError, one_line
 from vinoserve.model.generation_config import load_generation_defaults
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.server import errors, openapi
@@ -66,32 +67,49 @@ class _State:
             raise APIError(503, f"the engine stopped: {self.engine.error}; the server is exiting",
                            code="engine_dead")
         if self.serving is None:
-            message = f"model failed to load: {self.load_error}" if self.load_error else "the model is loading"
-            raise APIError(503, message, code="model_not_ready")
+            if self.load_error is not None:
+                raise APIError(503, f"model failed to load: {load_failure(self.load_error)}", code="model_not_ready")
+            raise APIError(503, "the model is loading", code="model_not_ready", headers=_RETRY_WHILE_LOADING)
         return self.serving
 
 
 # After the engine dies, /health answers 503 with the reason this long before the process exits
 # non-zero, so that probes and logs see why an orchestrator restarts it.
 FATAL_EXIT_DELAY_S = 2.0
+# While the model loads, clients are told to come back after this long (the openai SDK waits as
+# told, up to a minute, before each of its retries).
+LOADING_RETRY_AFTER_S = 5
+_RETRY_WHILE_LOADING = {"Retry-After": str(LOADING_RETRY_AFTER_S)}
+# What a model that cannot load raises for reasons its message explains; anything else is a fault of
+# ours, whose traceback --log-level debug shows.
+_EXPECTED_LOAD_ERRORS = (ModelLoadError, ValueError, OSError)
 
 
-def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] | None = None) -> FastAPI:
-    """`on_fatal` (on the event loop) should stop the server with a non-zero status."""
+def load_failure(e: BaseException) -> str:
+    """One line saying why the model did not load."""
+    if isinstance(e, _EXPECTED_LOAD_ERRORS):
+        return one_line(e)
+    return f"{type(e).__name__}: {one_line(e)} (--log-level debug shows where)"
+
+
+def create_app(config: ServerConfig, on_fatal: Callable[[str], None] | None = None) -> FastAPI:
+    """`on_fatal(reason)` (on the event loop) should stop the server with a non-zero status: a
+    single-model server that cannot serve exits, so that systemd, Docker or Kubernetes restart it
+    or say why. Without it a model that fails to load leaves the app answering 503 with the reason."""
     state = _State()
+    name = config.served_model_name or default_model_name(config.engine.model)
+    metrics = Metrics(name)  # scraped from the start; the engine's gauges join once it runs
 
     def load(loop: asyncio.AbstractEventLoop) -> None:
         def fatal(e: BaseException) -> None:  # engine thread
             if on_fatal is not None:
-                loop.call_soon_threadsafe(loop.call_later, FATAL_EXIT_DELAY_S, on_fatal, e)
+                loop.call_soon_threadsafe(loop.call_later, FATAL_EXIT_DELAY_S, on_fatal, f"the engine died ({e})")
 
         try:
             defaults = load_generation_defaults(config.generation_config, config.engine.model,
                                                 config.override_generation_config)
             SamplingParams(**defaults.values())  # a bad default fails here, not as a 400 on every request
             engine = AsyncLLMEngine(LLMEngine(config.engine, log=log.info), on_fatal=fatal)
-            name = config.served_model_name or default_model_name(config.engine.model)
-            metrics = Metrics(name)
             metrics.watch(engine)
             state.engine = engine
             chat_setup = ChatSetup.build(engine.tokenizer, config.chat_template, config.tool_call_parser,
@@ -100,9 +118,14 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
             log.info("sampling defaults for fields a request leaves out: %s", defaults.describe())
             log.info("chat: %s", chat_setup.describe())
             log.info("serving %s", name)
-        except BaseException as e:  # surfaced by /health and every endpoint
-            log.exception("model failed to load")
+        except BaseException as e:  # surfaced by /health and every endpoint until the server exits
             state.load_error = e
+            reason = f"model failed to load: {load_failure(e)}"
+            log.debug("where the model failed to load", exc_info=e)
+            if on_fatal is None:
+                log.error("%s", reason)
+            else:
+                loop.call_soon_threadsafe(on_fatal, reason)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -138,18 +161,18 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
     async def index() -> HTMLResponse:
         return HTMLResponse(chat_page)
 
-    @app.get("/health")
+    # HEAD too: probes and benchmark tools (aiperf) ask with HEAD whether an endpoint is there.
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
-        if state.engine is not None and state.engine.is_alive:
-            return Response(status_code=200)
-        reason = f"engine stopped: {state.engine.error}" if state.engine is not None else (
-            f"model failed to load: {state.load_error}" if state.load_error else "loading")
-        return errors.error_response(503, reason)
+        try:
+            state.ready()
+        except APIError as e:
+            return errors.error_response(e.status, e.message, code=e.code, headers=e.headers)
+        return Response(status_code=200)
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        body = state.ready().metrics.render()
-        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
+    async def metrics_page() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     for module in (models, completions, chat, tokens, responses, anthropic):
         app.include_router(module.router, dependencies=auth)

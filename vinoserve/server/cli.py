@@ -62,7 +62,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def serve(args: argparse.Namespace, engine: EngineConfig) -> int:
-    """Runs until stopped; the exit status is 1 if the engine died, else 0."""
+    """Runs until stopped; the exit status is 1 if the model failed to load or the engine died, else 0."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     limits = Limits(args.max_request_bytes, args.max_prompt_tokens, args.max_stop_strings, args.max_n,
                     args.max_logprobs)
@@ -74,11 +74,11 @@ def serve(args: argparse.Namespace, engine: EngineConfig) -> int:
     # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal under the handler
     # that was there before it; a no-op one makes a graceful stop exit 0, as orchestrators expect.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    died: list[BaseException] = []
+    died: list[str] = []
 
-    def stop(error: BaseException) -> None:
-        logging.getLogger("vinoserve").critical("the engine died (%s); exiting with status 1", error)
-        died.append(error)
+    def stop(reason: str) -> None:
+        logging.getLogger("vinoserve").critical("%s; exiting with status 1", reason)
+        died.append(reason)
         server.should_exit = True
 
     server = uvicorn.Server(uvicorn.Config(create_app(config, on_fatal=stop), host=args.host, port=args.port,

@@ -27,7 +27,7 @@ _SSE = {"text/event-stream": {"schema": {"anyOf": [{"type": "object"}, {"const":
 # path -> (success content, error statuses)
 ROUTES: dict[str, tuple[dict, tuple[int, ...]]] = {
     "/health": ({}, (503,)),
-    "/metrics": ({"text/plain": {"schema": {"type": "string"}}}, (503,)),
+    "/metrics": ({"text/plain": {"schema": {"type": "string"}}}, ()),
     "/v1/models": (_JSON, _V1),
     "/v1/completions": ({**_JSON, **_SSE}, (*_BODY, *_V1, 500)),
     "/v1/chat/completions": ({**_JSON, **_SSE}, (*_BODY, *_V1, 500)),
