@@ -141,7 +141,7 @@ def create_app(config: ServerConfig, on_fatal: Callable[[str], None] | None = No
     shapes = {ANTHROPIC_PATHS: anthropic_error}  # error bodies in Anthropic's shape on its API's paths
     errors.install(app, shapes)
     openapi.install(app, vocab_size=lambda: state.engine.vocab_size if state.serving is not None else None,
-                    model_name=lambda: state.serving.model_name if state.serving is not None else None)
+                    model_name=lambda: name)
     app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_request_bytes, shapes=shapes)
 
     async def authorized(request: Request) -> None:
