@@ -163,5 +163,5 @@ def test_random_llama_models_are_written_with_the_real_tokenizer(smollm2_gguf, t
     cfg = src.config
     assert (cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size) == (64, 2, 4, 2, 96)
     assert cfg.vocab_size == 49152 and not cfg.tie_word_embeddings
-    assert {t.tensor_type.name for n, t in src.tensors.items() if len(t.shape) == 2} == {"Q4_0"}
+    assert {t.tensor_type.name for t in src.reader.tensors if len(t.shape) == 2} == {"Q4_0"}
     assert random_models.resolve("not-a-random-model") == "not-a-random-model"

@@ -174,6 +174,7 @@ class OwnProcess:
 
 
 def _serve_engine(conn, factory, args) -> None:
+    os.dup2(2, 1)  # the engines' own logs go to stderr: stdout carries the report alone
     try:
         engine = factory(*args)
     except BaseException as e:  # reported to the parent, which raises it
