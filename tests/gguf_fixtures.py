@@ -13,6 +13,8 @@ import torch
 from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config,
                           Qwen2Config, Qwen3Config)
 
+import kquant_encoder
+
 _CONFIGS = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
             "gemma3": Gemma3TextConfig, "phi3": Phi3Config}
 _GGUF_ARCH = {"mistral": "llama"}  # Mistral GGUFs are llama
@@ -51,15 +53,17 @@ TINY_VOCAB = Vocab(TOKENS, [1] * (len(TOKENS) - 2) + [3, 3], EOS_ID)
 
 def tiny_hf_model(arch: str = "llama", *, seed: int = 0, heads: int = 4, kv_heads: int = 2, layers: int = 2,
                   tie: bool = False, rope_scaling: dict | None = None, rope_theta: float = 10000.0,
-                  head_dim: int | None = None, max_positions: int = 512, vocab: Vocab = TINY_VOCAB, **family):
-    """`family`: that config class's own keys (sliding_window, partial_rotary_factor, ...)."""
-    head_dim = head_dim or 64 // heads
+                  head_dim: int | None = None, max_positions: int = 512, vocab: Vocab = TINY_VOCAB,
+                  hidden: int = 64, intermediate: int = 96, **family):
+    """`family`: that config class's own keys (sliding_window, partial_rotary_factor, ...). `hidden`
+    and `intermediate` multiples of 256 for K-quant fixtures (their super-blocks)."""
+    head_dim = head_dim or hidden // heads
     if arch != "phi3":  # Phi-3's head size is hidden / heads
         family["head_dim"] = head_dim
     if arch == "gemma3":  # as every Gemma 3 but the 27B (llama.cpp's rule: the file has no such key)
         family.setdefault("query_pre_attn_scalar", head_dim)
     cfg = _CONFIGS[arch](
-        vocab_size=len(vocab.tokens), hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
+        vocab_size=len(vocab.tokens), hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
         rms_norm_eps=1e-5, rope_theta=rope_theta, rope_scaling=rope_scaling, tie_word_embeddings=tie,
         eos_token_id=vocab.eos_id, bos_token_id=None, pad_token_id=None, attn_implementation="eager", **family,
@@ -78,13 +82,23 @@ def tiny_hf_model(arch: str = "llama", *, seed: int = 0, heads: int = 4, kv_head
     return model
 
 
+def quantize(a: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
+    """Raw blocks of `a` in `qtype`: gguf-py's quantizer, or ours for the K-quants."""
+    if qtype in kquant_encoder.ENCODERS:
+        return kquant_encoder.quantize(a, qtype, exact_scales=True)
+    return gguf.quants.quantize(a, qtype)
+
+
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp convert_hf_to_gguf's Q/K row permutation (for its GPT-J style RoPE)."""
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(model, path: Path, arch: str = "llama", q8_0: tuple[str, ...] = (), vocab: Vocab = TINY_VOCAB) -> Path:
-    """`q8_0`: GGUF tensor names to store as Q8_0 blocks (the rest: matrices f16, vectors f32)."""
+def write_gguf(model, path: Path, arch: str = "llama", q8_0: tuple[str, ...] = (), vocab: Vocab = TINY_VOCAB,
+               quant: str | None = None) -> Path:
+    """`q8_0`: GGUF tensor names to store as Q8_0 blocks. `quant`: a ggml type name (Q4_0, Q4_K,
+    ...) for every matrix, token table included. The rest: matrices f16, vectors f32. K-quants
+    are written with scales whose products are exact f16s (kquant_encoder's `exact_scales`)."""
     cfg = model.config
     gguf_arch = _GGUF_ARCH.get(arch, arch)
     w = gguf.GGUFWriter(str(path), gguf_arch)
@@ -98,9 +112,9 @@ def write_gguf(model, path: Path, arch: str = "llama", q8_0: tuple[str, ...] = (
             continue
         out = names.get_name(name, try_suffixes=(".weight", ".bias"))
         a = _as_stored(t.numpy(), name, arch, cfg)
-        if out in q8_0:
-            w.add_tensor(out, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
-                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        if out in q8_0 or (quant and a.ndim == 2):
+            qtype = gguf.GGMLQuantizationType[quant if quant and out not in q8_0 else "Q8_0"]
+            w.add_tensor(out, quantize(a, qtype), raw_dtype=qtype)
             continue
         # llama.cpp keeps 1-D tensors (norms, biases) in f32, matrices in f16.
         w.add_tensor(out, a.astype(np.float16 if a.ndim == 2 else np.float32))

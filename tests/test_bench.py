@@ -134,3 +134,34 @@ def test_metric_arithmetic_on_hand_made_timestamps():
     assert p["median"] == pytest.approx(50.5) and p["p90"] == pytest.approx(90.1)
     with pytest.raises(ValueError, match="ttft, tpot or e2el"):
         Goodput.parse("latency:5")
+
+
+def test_llamacpp_comparison_starts_with_the_servers_weight_format():
+    """`vinoserve bench llamacpp` compares the format users get first (issue 29)."""
+    import argparse
+
+    from vinoserve.bench.llamacpp import add_arguments
+    from vinoserve.engine.llm_engine import EngineConfig
+
+    ap = argparse.ArgumentParser()
+    add_arguments(ap)
+    assert ap.parse_args([]).weight_formats.split(",")[0] == EngineConfig().weight_format == "auto"
+
+
+def test_random_llama_models_are_written_with_the_real_tokenizer(smollm2_gguf, tmp_path, monkeypatch):
+    """The bench's real-size random models (here a tiny shape in their place): the shape's
+    config, every matrix in the asked type, SmolLM2's vocabulary."""
+    import gguf
+
+    from vinoserve.bench import random_models
+    from vinoserve.model.gguf_loader import GGUFModel
+
+    monkeypatch.setitem(random_models.SHAPES, "tiny", (64, 2, 4, 2, 96))
+    path = random_models.write(tmp_path / "m.gguf", "tiny", random_models.one_type(gguf.GGMLQuantizationType.Q4_0),
+                               log=lambda m: None)
+    src = GGUFModel.open(path)
+    cfg = src.config
+    assert (cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size) == (64, 2, 4, 2, 96)
+    assert cfg.vocab_size == 49152 and not cfg.tie_word_embeddings
+    assert {t.tensor_type.name for n, t in src.tensors.items() if len(t.shape) == 2} == {"Q4_0"}
+    assert random_models.resolve("not-a-random-model") == "not-a-random-model"

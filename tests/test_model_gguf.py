@@ -156,10 +156,11 @@ def _fully_connected(model) -> int:
 
 
 @pytest.mark.parametrize("shape,weights", [("llama-gqa-untied", "f16"), ("qwen2-qkv-bias", "f16"),
-                                           ("llama-mha-tied", "int8")])
+                                           ("llama-mha-tied", "int8"), ("llama-gqa-untied", "int4")])
 def test_fused_qkv_projection_gives_identical_logits(shape, weights, tmp_path):
     """q/k/v merged into one MatMul (fuse_projections) compute the same dot products: logits are
-    bit-identical to the unfused graph's, and only the attention projections were merged."""
+    bit-identical to the unfused graph's, and only the attention projections were merged (i4
+    groups too: packed 4-bit blocks merge as bytes)."""
     _, path = _gguf_for(SHAPES[shape], tmp_path)
     src = GGUFModel.open(path)
     ids = list(range(10, 60))

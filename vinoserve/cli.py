@@ -8,14 +8,17 @@ import sys
 import time
 
 from vinoserve.model.default_model import DEFAULT_MODEL
+from vinoserve.model.weights import WEIGHT_FORMATS
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help=f"a .gguf file, an OpenVINO IR directory (optimum-cli export), or a built-in "
                         f"name (default: {DEFAULT_MODEL.name})")
-    p.add_argument("--weight-format", choices=("f16", "int8", "f32"), default="f16",
-                   help="how weights converted from GGUF are stored in the graph (default: f16)")
+    p.add_argument("--weight-format", choices=WEIGHT_FORMATS, default="auto",
+                   help="how weights converted from GGUF are stored in the graph: auto keeps each quantized "
+                        "tensor's own blocks as low-bit constants (floats as f16); int4 requantizes every "
+                        "matrix to 4 bits; int8, f16, f32 (default: auto)")
 
 
 def _compile_args(p: argparse.ArgumentParser) -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vinoserve.bench import random_models
 from vinoserve.bench.workloads import stdlib_english
 from vinoserve.engine.llm import LLM
 from vinoserve.engine.llm_engine import EngineConfig
@@ -37,6 +38,7 @@ from vinoserve.model.loader import resolve_model_dir
 from vinoserve.model.paged import KV_PRECISIONS, PRECISIONS, CompileOptions
 from vinoserve.model.storage import cache_root
 from vinoserve.model.tokenizer import Tokenizer
+from vinoserve.model.weights import WEIGHT_FORMATS
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.scheduler.scheduler import SchedulerConfig
 
@@ -231,8 +233,9 @@ def genai_runner(model_dir: Path, warm_up, out_len: int, blocks: int, budget: in
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct",
-                    help="built-in name, .gguf, IR dir, or 'qwen2-0.5b-random'")
-    ap.add_argument("--weight-format", default="f16", choices=("f16", "int8", "f32"))
+                    help="built-in name, .gguf, IR dir, 'qwen2-0.5b-random', or a Llama-shaped random "
+                         "model (llama-1.5b-q4_0-random, ...: vinoserve/bench/random_models.py)")
+    ap.add_argument("--weight-format", default="auto", choices=WEIGHT_FORMATS)
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=128)
@@ -263,7 +266,7 @@ def main(args: argparse.Namespace) -> None:
         bench_dir = cache_root() / "bench"
         bench_dir.mkdir(parents=True, exist_ok=True)
         model = str(random_qwen2_gguf(bench_dir / "qwen2-0.5b-random.gguf", QWEN2_05B))
-    model_dir = resolve_model_dir(model, args.weight_format)
+    model_dir = resolve_model_dir(random_models.resolve(model), args.weight_format)
     tokenizer = Tokenizer.from_ir_dir(model_dir)
     # Distinct prompts for the warm-up and for every run: a repeated prompt would be a prefix-cache
     # hit for vinoserve (on by default) and not for genai (off by default).

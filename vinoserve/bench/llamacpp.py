@@ -1,8 +1,8 @@
 """Single-stream decode and prompt speed: llama.cpp (the `xllamacpp` wheel) vs vinoserve, same GGUF.
 
-Both engines run in this process, one request at a time, on the same prompt token ids (cut from
-real English text, tokenized by the GGUF's own tokenizer), greedy with ignore_eos, prompt caching
-off on both. Each round runs every engine once, in an order that alternates between rounds, so the
+Each engine runs in a process of its own (`--same-process`: all in this one, as before), one
+request at a time, on the same prompt token ids (cut from real English text, tokenized by the
+GGUF's own tokenizer), greedy with ignore_eos, prompt caching off on both. Each round runs every engine once, in an order that alternates between rounds, so the
 machine's load changes hit all of them alike; the report gives each engine's median tok/s and the
 median [25th, 75th percentile] of the per-round ratios against llama.cpp.
 
@@ -10,8 +10,9 @@ Timing is taken the same way for every engine, from outside it: prompt tok/s = p
 time to the first token; decode tok/s = (output tokens - 1) / time from the first token to the last.
 llama.cpp's own `timings` are printed beside its figures.
 
-    vinoserve bench llamacpp                                   # SmolLM2 Q4_1: llama.cpp, vinoserve int8, f16
+    vinoserve bench llamacpp                                   # SmolLM2 Q4_1: llama.cpp, vinoserve auto, f16
     vinoserve bench llamacpp --input-len 512 --output-len 256 --rounds 7
+    vinoserve bench llamacpp --model llama-1.5b-q4_0-random    # a real-size model (random_models.py)
 
 From Python (e.g. to put llama.cpp's single stream beside another figure):
 
@@ -23,6 +24,7 @@ From Python (e.g. to put llama.cpp's single stream beside another figure):
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import statistics
 import time
@@ -31,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vinoserve.bench import random_models
 from vinoserve.model import default_model
 from vinoserve.model.tokenizer import Tokenizer
 
@@ -56,10 +59,10 @@ class StreamTiming:
 
 
 def gguf_path(model: str) -> Path:
-    """A built-in model's GGUF (fetched if needed), or a .gguf path."""
+    """A built-in model's GGUF (fetched if needed), a random model's (written if needed), or a .gguf path."""
     if model in default_model.BUILTIN_MODELS:
         return default_model.fetch(default_model.BUILTIN_MODELS[model], log=lambda m: None)
-    path = Path(model).expanduser()
+    path = Path(random_models.resolve(model)).expanduser()
     if path.suffix != ".gguf" or not path.is_file():
         raise SystemExit(f"{model!r} is neither a built-in model nor a .gguf file: llama.cpp needs the GGUF")
     return path
@@ -110,15 +113,18 @@ class LlamaCpp:
 class Vinoserve:
     """vinoserve's engine in this process, one request at a time, prefix caching off."""
 
-    def __init__(self, model: str, weight_format: str = "f16", max_num_batched_tokens: int = 512,
-                 kv_cache_precision: str | None = None, threads: int | None = None) -> None:
+    def __init__(self, model: str, weight_format: str = "auto", max_num_batched_tokens: int = 512,
+                 kv_cache_precision: str | None = None, threads: int | None = None,
+                 inference_precision: str | None = None) -> None:
         from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
         from vinoserve.model.paged import CompileOptions
         from vinoserve.scheduler.scheduler import SchedulerConfig
 
         self.name = f"vinoserve {weight_format}"
-        cfg = EngineConfig(model=model, weight_format=weight_format, enable_prefix_caching=False,
-                           compile=CompileOptions(kv_cache_precision=kv_cache_precision, num_threads=threads),
+        # One stream needs little KV cache; the default (a quarter of free memory) would crowd an 8B pair.
+        cfg = EngineConfig(model=model, weight_format=weight_format, enable_prefix_caching=False, kv_cache_size_gb=1.0,
+                           compile=CompileOptions(kv_cache_precision=kv_cache_precision, num_threads=threads,
+                                                  inference_precision=inference_precision),
                            scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens))
         self.engine = LLMEngine(cfg, log=lambda m: None)
         self._count = 0
@@ -139,6 +145,51 @@ class Vinoserve:
 
     def close(self) -> None:
         del self.engine
+
+
+class OwnProcess:
+    """An engine built and run in a spawned process of its own, driven over a pipe: no engine's
+    threads, allocator or caches share a process with another's. The timing is taken in there."""
+
+    def __init__(self, factory, *args) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._process = ctx.Process(target=_serve_engine, args=(child, factory, args), daemon=True)
+        self._process.start()
+        self.name = self._call("name")
+
+    def generate(self, prompt: str | list[int], max_tokens: int) -> StreamTiming:
+        return self._call("generate", prompt, max_tokens)
+
+    def close(self) -> None:
+        self._call("close")
+        self._process.join(timeout=60)
+
+    def _call(self, *message):
+        self._conn.send(message)
+        ok, value = self._conn.recv()
+        if not ok:
+            raise RuntimeError(value)
+        return value
+
+
+def _serve_engine(conn, factory, args) -> None:
+    try:
+        engine = factory(*args)
+    except BaseException as e:  # reported to the parent, which raises it
+        conn.recv()
+        conn.send((False, f"{type(e).__name__}: {e}"))
+        return
+    while True:
+        command, *rest = conn.recv()
+        try:
+            value = engine.name if command == "name" else engine.generate(*rest) if command == "generate" else None
+            conn.send((True, value))
+        except Exception as e:
+            conn.send((False, f"{type(e).__name__}: {e}"))
+        if command == "close":
+            engine.close()
+            return
 
 
 def real_text_ids(model: str, length: int) -> list[int]:
@@ -194,9 +245,13 @@ def report(runs: dict[str, list[StreamTiming]], reference: str = LlamaCpp.name) 
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--model", default=default_model.DEFAULT_MODEL.name, help="built-in name or .gguf file")
-    ap.add_argument("--weight-formats", default="int8,f16",
-                    help="vinoserve's conversions of the GGUF to compare (comma-separated: int8, f16, f32)")
+    ap.add_argument("--model", default=default_model.DEFAULT_MODEL.name,
+                    help=f"built-in name, .gguf file, or a random model ({', '.join(random_models.names()[:2])}, ...)")
+    ap.add_argument("--weight-formats", default="auto,f16",
+                    help="vinoserve's conversions of the GGUF to compare, the server's default first "
+                         "(comma-separated: auto, int4, int8, f16, f32)")
+    ap.add_argument("--same-process", action="store_true",
+                    help="run every engine in this process (default: each in its own)")
     ap.add_argument("--input-len", type=int, default=256, help="prompt tokens")
     ap.add_argument("--output-len", type=int, default=128, help="generated tokens")
     ap.add_argument("--rounds", type=int, default=5)
@@ -204,16 +259,23 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=512,
                     help="vinoserve's prefill chunk (llama.cpp's n_ubatch is 512)")
     ap.add_argument("--kv-cache-precision", default=None, help="vinoserve's KV cache precision (default: its own)")
+    ap.add_argument("--inference-precision", default=None, help="vinoserve's compute precision (default: the CPU's)")
 
 
 def main(args: argparse.Namespace) -> None:
-    prompt = real_text_ids(args.model, args.input_len)
-    engines: list = [LlamaCpp(args.model, args.threads, n_ctx=max(4096, args.input_len + args.output_len + 8))]
-    engines += [Vinoserve(args.model, fmt, args.max_num_batched_tokens, args.kv_cache_precision,
-                          args.threads)
+    model = str(gguf_path(args.model)) if args.model not in default_model.BUILTIN_MODELS else args.model
+    prompt = real_text_ids(model, args.input_len)
+
+    def start(factory, *rest):
+        return factory(*rest) if args.same_process else OwnProcess(factory, *rest)
+
+    engines: list = [start(LlamaCpp, model, args.threads, max(4096, args.input_len + args.output_len + 8))]
+    engines += [start(Vinoserve, model, fmt, args.max_num_batched_tokens, args.kv_cache_precision, args.threads,
+                      args.inference_precision)
                 for fmt in args.weight_formats.split(",") if fmt]
     print(f"{args.model}: 1 stream, {args.input_len} prompt tokens, {args.output_len} out, {args.rounds} paired "
-          f"rounds, {os.cpu_count()} CPUs; llama.cpp {gguf_path(args.model).name} as is")
+          f"rounds, {os.cpu_count()} CPUs, {'one process' if args.same_process else 'a process per engine'}; "
+          f"llama.cpp {gguf_path(model).name} as is")
 
     def progress(r: int, last: dict[str, StreamTiming]) -> None:
         print(f"round {r + 1}: " + ", ".join(f"{n} {t.decode_tok_s:.1f}/{t.prompt_tok_s:.0f}" for n, t in last.items())

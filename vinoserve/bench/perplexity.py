@@ -63,10 +63,11 @@ class Result:
 
 
 def perplexity(windows: Sequence[Sequence[int]], prefill: int, options: CompileOptions,
-               eviction: CacheEvictionConfig | None = None, model: str | None = None) -> Result:
+               eviction: CacheEvictionConfig | None = None, model: str | None = None,
+               weight_format: str = "auto") -> Result:
     """Perplexity over tokens prefill.. of every window, all windows decoded in one batch."""
     blocks_per_window = -(-len(windows[0]) // 32) + 16  # the CPU kernel's 32-token blocks, plus slack
-    engine = LLMEngine(EngineConfig(model=model, compile=options, cache_eviction=eviction,
+    engine = LLMEngine(EngineConfig(model=model, compile=options, cache_eviction=eviction, weight_format=weight_format,
                                     num_kv_blocks=len(windows) * blocks_per_window), log=lambda m: None)
     prompts = [list(w[:prefill]) for w in windows]
     teacher = TeacherForcing({id(p): list(w[prefill:]) for p, w in zip(prompts, windows)})

@@ -20,6 +20,7 @@ from vinoserve.engine.outputs import RequestMetrics, RequestOutput
 from vinoserve.engine.prompt_logprobs import PromptLogprobs
 from vinoserve.engine.speculative import SpeculativeConfig, Speculator
 from vinoserve.engine.text_output import TextOutput
+from vinoserve.engine.warm_up import warm_up
 from vinoserve.model.weights import WeightFormat
 from vinoserve.model.loader import LoadedModel, load_model
 from vinoserve.model.paged import CompileOptions
@@ -39,7 +40,7 @@ DEFAULT_KV_MEMORY_FRACTION = 0.25
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = None  # None: the built-in default model
-    weight_format: WeightFormat = "f16"
+    weight_format: WeightFormat = "auto"
     compile: CompileOptions = field(default_factory=CompileOptions)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv_cache_size_gb: float | None = None
@@ -130,6 +131,7 @@ class LLMEngine:
         # Speculation and eviction change a step's inputs after it ran: those run one step at a time.
         self._overlap = config.overlap_steps and config.speculative is None and not evicting
         self.runner = ModelRunner(paged, self.cache, num_requests=2 if self._overlap else 1)
+        warm_up(self.runner, num_blocks, paged.block_size, self.model.path / "openvino_model.bin")
         self.sampler = Sampler()
         self.eos_token_ids = tuple(dict.fromkeys([*self.model.config.eos_token_ids, *self.tokenizer.eos_token_ids]))
         spec = config.speculative

@@ -7,15 +7,17 @@ from pathlib import Path
 
 import openvino as ov
 
+from vinoserve.model.constant_store import ConstantStore
 from vinoserve.model.errors import ModelLoadError
 from vinoserve.model.gguf_loader import GGUFModel
 from vinoserve.model.gguf_tokenizer import build_tokenizer_models, read_tokenizer_metadata
 from vinoserve.model.graph import build_model
-from vinoserve.model.weights import WeightFormat
+from vinoserve.model.mapped_pages import drop_mapped_pages
 from vinoserve.model.storage import atomic_dir, cache_root, sha256_file
+from vinoserve.model.weights import WeightFormat, Weights
 
 # Bump when the graph or the directory layout changes, so stale conversions are not reused.
-CONVERTER_VERSION = 3
+CONVERTER_VERSION = 4
 
 
 def converted_dir(gguf_path: Path, weight_format: WeightFormat, log=print) -> Path:
@@ -37,7 +39,14 @@ def converted_dir(gguf_path: Path, weight_format: WeightFormat, log=print) -> Pa
 def _convert(gguf_path: Path, out: Path, weight_format: WeightFormat, digest: str) -> None:
     src = GGUFModel.open(gguf_path)
     cfg = src.config
-    ov.save_model(build_model(cfg, src.tensor, weight_format), out / "openvino_model.xml", compress_to_fp16=False)
+    store = ConstantStore(out / "constants.tmp")  # tensor by tensor: the weights never all in memory
+    try:
+        model = build_model(cfg, src.tensor, Weights(weight_format, store))
+        drop_mapped_pages(gguf_path)  # read: the GGUF's pages need not stay beside the store's while saving
+        ov.save_model(model, out / "openvino_model.xml", compress_to_fp16=False)
+        del model  # its constants map the store's file
+    finally:
+        store.close()
     meta = read_tokenizer_metadata(src.reader)
     tokenizer, detokenizer = build_tokenizer_models(src.reader)
     ov.save_model(tokenizer, out / "openvino_tokenizer.xml")

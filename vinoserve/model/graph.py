@@ -14,4 +14,4 @@ def build_model(cfg: ModelConfig, weight: WeightSource, weight_format: WeightFor
     """Stateful decoder graph: logits [B, L, V] f32 from input_ids/attention_mask/position_ids/beam_idx.
     `weight` gives tensors by GGUF name, rows in HF order (GGUFModel.tensor)."""
     family = architectures.for_gguf(cfg.architecture)
-    return family(cfg, weight, Weights(weight_format)).build()
+    return family(cfg, weight, Weights.of(weight_format)).build()

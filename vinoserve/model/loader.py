@@ -16,7 +16,7 @@ from vinoserve.model.spec import ModelSpec, read_config
 from vinoserve.model.tokenizer import DETOKENIZER_XML, TOKENIZER_XML, Tokenizer
 
 
-def resolve_model_dir(model: str | None, weight_format: WeightFormat = "f16", log=print) -> Path:
+def resolve_model_dir(model: str | None, weight_format: WeightFormat = "auto", log=print) -> Path:
     """A directory holding openvino_model.xml, config.json and the tokenizer models."""
     name = model or default_model.DEFAULT_MODEL.name
     if name in default_model.BUILTIN_MODELS:
@@ -43,7 +43,7 @@ class LoadedModel:
 
 
 def load_model(model: str | None = None, options: CompileOptions = CompileOptions(),
-               weight_format: WeightFormat = "f16", log=print) -> LoadedModel:
+               weight_format: WeightFormat = "auto", log=print) -> LoadedModel:
     path = resolve_model_dir(model, weight_format, log)
     config = read_config(path)  # what can be missing is found before the compile, which takes a while
     core = ov.Core()

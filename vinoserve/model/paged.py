@@ -13,6 +13,7 @@ import openvino.opset13 as ops
 from openvino._offline_transformations import paged_attention_transformation
 
 from vinoserve.model import fuse_projections as projections
+from vinoserve.model.block_offsets import split_block_offsets
 from vinoserve.model.errors import ModelLoadError, last_line
 from vinoserve.model.graph_facts import (MAX_CONTEXT_LEN_INPUT, SLIDING_WINDOW_INPUT, GraphFacts, layer_index,
                                          lm_head, read_graph_facts)
@@ -30,7 +31,7 @@ class CompileOptions:
     num_threads: int | None = None
     score_outputs: bool = False  # per-layer attention scores, for cache eviction
     cache_rotation: bool = False  # in-kernel RoPE re-rotation inputs
-    fuse_projections: bool | None = None  # q/k/v as one MatMul; None: where the plugin does not (fuse_projections.wanted)
+    fuse_projections: bool | None = None  # q/k/v as one MatMul; None: on CPU (see fuse_projections)
 
     def __post_init__(self) -> None:
         if self.inference_precision not in (None, *PRECISIONS):
@@ -142,11 +143,11 @@ def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None
     core = core or ov.Core()
     options = _default_kv_precision(options, core)
     if options.fuse_projections is None:
-        fuse = options.device == "CPU" and projections.wanted(_compute_precision(options, core))
-        options = replace(options, fuse_projections=fuse)
+        options = replace(options, fuse_projections=options.device == "CPU")
+    facts = read_graph_facts(to_paged(model, options, sliding_windows))
+    split_block_offsets(model)  # after to_paged: the LM head's correction must read the gathered rows
     if options.fuse_projections:
         projections.fuse_projections(model)
-    facts = read_graph_facts(to_paged(model, options, sliding_windows))
     try:
         compiled = core.compile_model(model, options.device, options.properties())
     except RuntimeError as e:

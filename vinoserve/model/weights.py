@@ -1,9 +1,16 @@
 """Weight matrices as graph constants, in the chosen weight format.
 
 Each matrix arrives as the file holds it (a `GGUFTensor`: blocks of some ggml type, or plain
-floats) and leaves as an ov.Output of f32 values, compressed in the graph as the format says, in
-the decompression pattern (Constant -> Convert -> [Subtract] -> Multiply) that the CPU plugin
-fuses into its matmuls.
+floats) and leaves as an ov.Output of f32 values, compressed in the graph in the decompression
+pattern (Constant -> Convert -> [Subtract] -> Multiply -> [Reshape]) that the CPU plugin fuses into
+its matmuls. Formats:
+
+- `auto` (the default): a quantized tensor keeps its own integers and scales in the layout
+  quantized.py maps its type to; float tensors and the types without a layout become f16.
+- `int4`: every matrix as i4 groups of 32 with an f16 scale (the Q4_0 layout, requantized from
+  the file's values where they are not Q4_0 already); token table and LM head at 8 bits.
+- `int8`: per-output-row u8 with a zero point. `f16`, `f32`: plain floats (f32 is the reference
+  for exact comparisons).
 """
 from __future__ import annotations
 
@@ -14,12 +21,16 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
+from vinoserve.model import quantized
+from vinoserve.model.constant_store import ConstantStore, in_memory_constant
 from vinoserve.model.gguf_loader import GGUFTensor
+from vinoserve.model.quantized import Blocks
 
-WeightFormat = Literal["f32", "f16", "int8"]
-WEIGHT_FORMATS: tuple[str, ...] = ("f32", "f16", "int8")
+WeightFormat = Literal["auto", "int4", "int8", "f16", "f32"]
+WEIGHT_FORMATS: tuple[str, ...] = ("auto", "int4", "int8", "f16", "f32")
 
-_Q8_BLOCK = 32  # GGUF's Q8_0: 32 int8 values share one f16 scale
+_T = gguf.GGMLQuantizationType
+_ROWS_PER_REQUANT = 4096  # rows dequantized at a time when requantizing (int4): bounds the f32 temporaries
 
 
 def _const(value, dtype=np.int64) -> ov.Output:
@@ -27,34 +38,64 @@ def _const(value, dtype=np.int64) -> ov.Output:
 
 
 class Weights:
-    """Turns file tensors into compact constants that decompress to f32 inside the graph."""
+    """Turns file tensors into compact constants that decompress to f32 inside the graph. With a
+    `store`, the constants live in its file rather than in memory (conversion of large models)."""
 
-    def __init__(self, fmt: WeightFormat) -> None:
+    def __init__(self, fmt: WeightFormat, store: ConstantStore | None = None) -> None:
         if fmt not in WEIGHT_FORMATS:
             raise ValueError(f"weight format {fmt!r}; supported: {', '.join(WEIGHT_FORMATS)}")
         self.fmt = fmt
+        self.store = store
+
+    @classmethod
+    def of(cls, fmt: WeightFormat | Weights) -> Weights:
+        return fmt if isinstance(fmt, Weights) else cls(fmt)
 
     def matrix(self, t: GGUFTensor, name: str) -> ov.Output:
-        w = t.dequantize()
-        if self.fmt == "f32":
-            return ops.constant(w.astype(np.float32), name=name).output(0)
-        if self.fmt == "f16":
-            c = ops.constant(w.astype(np.float16), name=name)
-            return ops.convert(c, ov.Type.f32).output(0)
-        return self._int8(w, name)
+        if self.fmt == "auto" and t.ggml_type in quantized.LAYOUTS:
+            return self._blocks(quantized.unpack(t.ggml_type, t.data), name)
+        if self.fmt == "int4":
+            return self._blocks(_requantize(t, _T.Q4_0), name)
+        if self.fmt == "int8":
+            return self._int8(t.dequantize(), name)
+        return self._float(t.dequantize(), name)
 
     def table(self, t: GGUFTensor, name: str) -> ov.Output:
-        """The token table, or an untied LM head. In f16, one that is 8-bit blocks (GGUF's Q8_0, as
-        llama.cpp commonly ships it) stays so rather than widen: the same values in half the bytes,
-        and the LM head reads all of it every decode step (SmolLM2: 57 of the 262 MB a step streams;
-        one-sequence decode 7% faster). int8 requantizes it per row like its layers: as exact
-        blocks it decoded 2-4% slower there, at the same perplexity. f32 stays plain f32
-        arithmetic, the reference."""
-        if self.fmt != "f16" or t.ggml_type != gguf.GGMLQuantizationType.Q8_0:
-            return self.matrix(t, name)
-        q, scale = _q8_blocks(t)
-        x = ops.multiply(ops.convert(ops.constant(q, name=name), ov.Type.f16), ops.constant(scale, name=f"{name}/scale"))
-        return ops.convert(ops.reshape(x, _const(t.shape), special_zero=False), ov.Type.f32).output(0)
+        """The token table, or an untied LM head (read whole at every decode step).
+
+        `auto` keeps the file's blocks as for any matrix. `int4` keeps a table that is already
+        8 bits or fewer in its own layout and makes a float one Q8_0 (i8 groups of 32). `f16`
+        keeps a Q8_0 table as its int8 blocks rather than widen it (llama.cpp's usual table:
+        the same values in half the bytes; SmolLM2's one-sequence decode 7% faster). `int8`
+        requantizes it per row like its layers (as exact blocks it decoded 2-4% slower, at the
+        same perplexity). `f32` stays plain f32 arithmetic, the reference."""
+        if self.fmt == "int4":
+            if t.ggml_type in quantized.LAYOUTS:
+                return self._blocks(quantized.unpack(t.ggml_type, t.data), name)
+            return self._blocks(_requantize(t, _T.Q8_0), name)
+        if self.fmt == "f16" and t.ggml_type == _T.Q8_0:
+            return self._blocks(quantized.unpack(t.ggml_type, t.data), name)
+        return self.matrix(t, name)
+
+    def _constant(self, data: np.ndarray, element: ov.Type | None = None, name: str | None = None) -> ov.Node:
+        if self.store is not None:
+            return self.store.constant(data, element, name)
+        return in_memory_constant(data, element, name)
+
+    def _blocks(self, b: Blocks, name: str) -> ov.Output:
+        """q -> Convert(f16) -> Multiply(scale) [-> Add(offset)] -> Reshape [rows, K] -> Convert(f32).
+        The Add is not the plugin's pattern: block_offsets splits it off at load time."""
+        q = self._constant(b.q, b.element, name)
+        x = ops.multiply(ops.convert(q, ov.Type.f16), self._constant(b.scale, name=f"{name}/scale"))
+        if b.offset is not None:
+            x = ops.add(x, self._constant(b.offset, name=f"{name}/offset"))
+        x = ops.reshape(x, _const(b.shape), special_zero=False)
+        return ops.convert(x, ov.Type.f32).output(0)
+
+    def _float(self, w: np.ndarray, name: str) -> ov.Output:
+        if self.fmt == "f32":
+            return self._constant(w.astype(np.float32), name=name).output(0)
+        return ops.convert(self._constant(w.astype(np.float16), name=name), ov.Type.f32).output(0)
 
     def _int8(self, w: np.ndarray, name: str) -> ov.Output:
         # Asymmetric per-output-row u8, the pattern OpenVINO's CPU/GPU plugins fuse into matmuls.
@@ -66,17 +107,21 @@ class Weights:
         s32 = scale.astype(np.float32)
         zp = np.clip(np.round(-lo / s32), 0, 255)
         q = np.clip(np.round(w / s32) + zp, 0, 255).astype(np.uint8)
-        qc = ops.convert(ops.constant(q, name=name), ov.Type.f16)
-        zc = ops.convert(ops.constant(zp.astype(np.uint8), name=f"{name}/zero_point"), ov.Type.f16)
-        sc = ops.constant(scale, name=f"{name}/scale")
+        qc = ops.convert(self._constant(q, name=name), ov.Type.f16)
+        zc = ops.convert(self._constant(zp.astype(np.uint8), name=f"{name}/zero_point"), ov.Type.f16)
+        sc = self._constant(scale, name=f"{name}/scale")
         return ops.convert(ops.multiply(ops.subtract(qc, zc), sc), ov.Type.f32).output(0)
 
 
-def _q8_blocks(t: GGUFTensor) -> tuple[np.ndarray, np.ndarray]:
-    """A Q8_0 tensor's own blocks: int8 [rows, K/32, 32] and f16 scales [rows, K/32, 1]. A block
-    is 34 bytes, its f16 scale first."""
-    rows, k = t.shape
-    blocks = t.data.reshape(rows, k // _Q8_BLOCK, 2 + _Q8_BLOCK)
-    scale = np.ascontiguousarray(blocks[:, :, :2]).view(np.float16)
-    q = np.ascontiguousarray(blocks[:, :, 2:]).view(np.int8)
-    return q, scale
+def _requantize(t: GGUFTensor, target: gguf.GGMLQuantizationType) -> Blocks:
+    """`t` in `target`'s layout: its own blocks if it is `target` already, else its values
+    quantized by gguf-py (llama.cpp's rounding), a slice of rows at a time."""
+    if t.ggml_type == target:
+        return quantized.unpack(target, t.data)
+    rows = t.shape[0]
+    parts = []
+    for start in range(0, rows, _ROWS_PER_REQUANT):
+        chunk = GGUFTensor(t.name, t.ggml_type, t.data[start:start + _ROWS_PER_REQUANT],
+                           (min(rows, start + _ROWS_PER_REQUANT) - start, *t.shape[1:]), t.path)
+        parts.append(gguf.quants.quantize(chunk.dequantize(), target))
+    return quantized.unpack(target, np.concatenate(parts))

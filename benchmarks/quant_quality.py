@@ -1,0 +1,129 @@
+"""Perplexity of GGUF weights kept in their quantized blocks (`auto`) against the same file dequantized.
+
+The model is SmolLM2-135M-Instruct: the built-in Q4_1 file as is, and variants written from its
+dequantized values (f32): every matrix Q8_0 (gguf-py), and a Q4_K_M-like mix made with the tests'
+K-quant encoder (tests/kquant_encoder.py) the way llama.cpp assigns types: Q4_K where rows are a
+multiple of 256 values (ffn_down), Q6_K for half the layers' ffn_down and attn_v, and llama.cpp's
+fallback Q5_0 where rows are not (SmolLM2's 576-wide rows). `f32` is the dequantized reference:
+the file's values exactly, in f32 constants. Two lossy ways of keeping Q4_1 at 4 bits are measured
+beside `auto` (which adds each block's min exactly): `int4` (requantized to symmetric i4 groups)
+and a zero point rounded to an integer (openvino.genai's Q4_1/Q4_K mapping, written here as a Q4_1
+file whose mins are rounded to whole steps: `auto` of it computes exactly that model).
+
+Teacher-forced perplexity over real English text (vinoserve.bench.perplexity, as docs/eviction.md
+and docs/performance.md measure it): windows of --window-len tokens, the last --forced fed one
+decode step at a time.
+
+    python benchmarks/quant_quality.py                          # every variant, default compute and f32
+    python benchmarks/quant_quality.py --variants q4_1 --precisions default --windows 2
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import kquant_encoder  # noqa: E402  (a test helper: the package writes no K-quants)
+
+from vinoserve.bench.perplexity import perplexity, text_windows  # noqa: E402
+from vinoserve.model import default_model  # noqa: E402
+from vinoserve.model.paged import CompileOptions  # noqa: E402
+from vinoserve.model.storage import cache_root  # noqa: E402
+
+T = gguf.GGMLQuantizationType
+PRECISIONS = {"default": CompileOptions(), "f32": CompileOptions(inference_precision="f32", kv_cache_precision="f32")}
+
+
+def _q4_k_m_like(name: str, x: np.ndarray, layer: int) -> T:
+    if x.shape[1] % 256:
+        return T.Q8_0 if name == "token_embd.weight" else T.Q5_0  # llama.cpp's fallback for Q4_K rows
+    six = name.endswith(("ffn_down.weight", "attn_v.weight")) and layer % 2 == 0
+    return T.Q6_K if six else T.Q4_K
+
+
+def _rounded_min(name: str, raw: np.ndarray, qtype: T) -> np.ndarray:
+    """Q4_1 blocks whose min is a whole number of steps: what a u4 zero point round(-min / d) computes."""
+    if qtype != T.Q4_1:
+        return raw
+    blocks = raw.reshape(raw.shape[0], -1, 20).copy()
+    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)
+    m = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        zp = np.clip(np.where(d > 0, np.round(-m / d), 0), 0, 15)
+    blocks[..., 2:4] = (-zp * d).astype(np.float16).view(np.uint8)
+    return blocks.reshape(raw.shape)
+
+
+def write_variant(src: gguf.GGUFReader, out: Path, variant: str) -> Path:
+    if out.is_file():
+        return out
+    w = gguf.GGUFWriter(str(out) + ".part", "llama", use_temp_file=True)
+    for name, f in src.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture",):
+            continue
+        kind = f.types[0]
+        value = f.contents()
+        if kind == gguf.GGUFValueType.ARRAY:
+            w.add_array(name, value)
+        else:
+            w.add_key_value(name, value, kind)
+    for t in src.tensors:
+        raw = np.asarray(t.data)
+        if variant == "q4_1-rounded-zp":
+            w.add_tensor(t.name, _rounded_min(t.name, raw, t.tensor_type), raw_dtype=t.tensor_type)
+            continue
+        x = gguf.quants.dequantize(raw, t.tensor_type).reshape(tuple(int(d) for d in reversed(t.shape)))
+        if x.ndim == 1:
+            w.add_tensor(t.name, x.astype(np.float32))
+            continue
+        layer = int(t.name.split(".")[1]) if t.name.startswith("blk.") else 0
+        qtype = T.Q8_0 if variant == "q8_0" else _q4_k_m_like(t.name, x, layer)
+        blocks = (kquant_encoder.quantize(x, qtype) if qtype in kquant_encoder.ENCODERS
+                  else gguf.quants.quantize(x, qtype))
+        w.add_tensor(t.name, blocks, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    Path(str(out) + ".part").rename(out)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variants", default="q4_1,q8_0,q4_k_m-like,q4_1-rounded-zp")
+    ap.add_argument("--formats", default="f32,auto", help="the first is the reference")
+    ap.add_argument("--precisions", default="default,f32")
+    ap.add_argument("--windows", type=int, default=4)
+    ap.add_argument("--window-len", type=int, default=1024)
+    ap.add_argument("--forced", type=int, default=256)
+    args = ap.parse_args()
+
+    base = default_model.fetch(default_model.DEFAULT_MODEL, log=lambda m: None)
+    src = gguf.GGUFReader(base)
+    windows, available = text_windows(args.windows, args.window_len)
+    prefill = args.window_len - args.forced
+    print(f"SmolLM2-135M-Instruct, {args.windows} windows x {args.window_len} tokens ({available} available), "
+          f"{args.forced} teacher-forced decode steps\n")
+    print("| file | compute | weights | perplexity | / first |")
+    print("| --- | --- | --- | --- | --- |")
+    for variant in args.variants.split(","):
+        path = base if variant == "q4_1" else write_variant(
+            src, cache_root() / "bench" / f"smollm2-135m-{variant}.gguf", variant)
+        for precision in args.precisions.split(","):
+            ref = None
+            for fmt in args.formats.split(","):
+                start = time.perf_counter()
+                ppl = perplexity(windows, prefill, PRECISIONS[precision], model=str(path), weight_format=fmt).perplexity
+                ref = ref or ppl
+                print(f"| {variant} | {precision} | {fmt} | {ppl:.4f} | {ppl / ref:.4f} |"
+                      f" <!-- {time.perf_counter() - start:.0f} s -->", flush=True)
+
+
+if __name__ == "__main__":
+    main()
