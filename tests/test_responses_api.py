@@ -143,6 +143,8 @@ def test_previous_response_id_get_delete_and_input_items(api_server, api_client)
     assert second.usage.input_tokens == chat.usage.prompt_tokens
     assert second.output_text == chat.choices[0].message.content and second.previous_response_id == first.id
     assert api_client.responses.retrieve(first.id).output_text == first.output_text
+    again = httpx.get(f"{api_server.url}/v1/responses/{first.id}", params={"stream": "true"})
+    assert again.status_code == 400 and again.json()["error"]["param"] == "stream"
     items = ResponseItemList.model_validate(
         httpx.get(f"{api_server.url}/v1/responses/{second.id}/input_items", params={"order": "asc"}).json())
     assert [i.content[0].text for i in items.data] == ["And of Germany?"] and not items.has_more

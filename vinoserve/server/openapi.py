@@ -32,7 +32,7 @@ ROUTES: dict[str, tuple[dict, tuple[int, ...]]] = {
     "/v1/completions": ({**_JSON, **_SSE}, (*_BODY, *_V1, 500)),
     "/v1/chat/completions": ({**_JSON, **_SSE}, (*_BODY, *_V1, 500)),
     "/v1/responses": ({**_JSON, **_SSE}, (*_BODY, *_V1, 500)),
-    "/v1/responses/{response_id}": (_JSON, (404, 401)),
+    "/v1/responses/{response_id}": (_JSON, (400, 404, 401)),
     "/v1/responses/{response_id}/input_items": (_JSON, (400, 404, 401)),
     "/v1/messages": ({**_JSON, **_SSE}, (*_BODY, *_V1, 500)),
     "/v1/messages/count_tokens": (_JSON, (*_BODY, *_V1)),

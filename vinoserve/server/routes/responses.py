@@ -60,8 +60,12 @@ async def create_response(body: ResponsesRequest, raw: Request, serving: Serving
 
 @router.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"])
 async def stored_response(response_id: str, raw: Request,
+                          stream: bool = Query(False, json_schema_extra={"const": False},
+                                               description="a stored response is not streamed again"),
                           store: ResponseStore = Depends(stored_responses)) -> JSONResponse:
     """GET: the stored response; DELETE: forget it. One route, so that a 405 lists both methods."""
+    if stream:
+        raise APIError(400, "a stored response is not streamed again; GET it without stream", "stream")
     if raw.method == "GET":
         return JSONResponse(store.get(response_id).response)
     store.delete(response_id)
