@@ -37,6 +37,7 @@ def api_client(api_server):
 def ir_export(tmp_path_factory):
     """"ARCH" or "ARCH-int4" -> (HF dir, IR dir) of a tiny random model of ir_fixtures.ARCHITECTURES,
     exported once a session (a few seconds each)."""
+    pytest.importorskip("optimum.exporters.openvino", reason="optimum-intel is not installed (see pyproject.toml)")
     from ir_fixtures import Export, export_ir, export_ir_int4, save_tiny_hf
 
     made = {}

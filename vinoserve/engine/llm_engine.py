@@ -517,8 +517,8 @@ class LLMEngine:
         seq = req.seq
         return RequestOutput(seq.request_id, seq.prompt_token_ids, tokens, text,
                              finished=seq.status.is_finished, finish_reason=seq.finish_reason,
-                             num_output_tokens=len(seq.output_token_ids), new_logprobs=logprobs,
-                             metrics=req.metrics, num_cached_tokens=seq.num_cached_prompt_tokens)
+                             stop_string=req.text.stop_string, num_output_tokens=len(seq.output_token_ids),
+                             new_logprobs=logprobs, metrics=req.metrics, num_cached_tokens=seq.num_cached_prompt_tokens)
 
 
 def _sampling_rows(plan: SchedulerOutput, reqs: list[_Request],

@@ -20,6 +20,7 @@ class RequestOutput:
     new_text: str
     finished: bool = False
     finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stop_string: str | None = None  # with finish_reason "stop": the stop string that ended it (vLLM's stop_reason)
     num_output_tokens: int = 0  # all generated so far, the stop token included
     # Per new token: (logprob of the chosen token, top alternatives) when the request asked.
     new_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
@@ -36,6 +37,7 @@ class RequestOutput:
         if later.new_logprobs is not None:
             self.new_logprobs = (self.new_logprobs or []) + later.new_logprobs
         self.finished, self.finish_reason, self.error = later.finished, later.finish_reason, later.error
+        self.stop_string = later.stop_string
         self.num_output_tokens = later.num_output_tokens
         return self
 

@@ -13,7 +13,11 @@ class TextOutput:
         # Text that could still be the start of a stop string is held back until decided.
         self._hold = max((len(s) for s in self._stop), default=1) - 1
         self._pending = ""
-        self.stopped = False
+        self.stop_string: str | None = None  # the stop string that ended the text, once one has
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop_string is not None
 
     def add(self, token_id: int) -> str:
         """Text safe to emit after `token_id`; sets `stopped` when a stop string completed."""
@@ -21,10 +25,10 @@ class TextOutput:
         if not self._stop:
             out, self._pending = self._pending, ""
             return out
-        hits = [i for i in (self._pending.find(s) for s in self._stop) if i >= 0]
+        hits = [(i, s) for i, s in ((self._pending.find(s), s) for s in self._stop) if i >= 0]
         if hits:
-            self.stopped = True
-            out, self._pending = self._pending[:min(hits)], ""
+            cut, self.stop_string = min(hits)
+            out, self._pending = self._pending[:cut], ""
             return out
         cut = max(0, len(self._pending) - self._hold)
         out, self._pending = self._pending[:cut], self._pending[cut:]

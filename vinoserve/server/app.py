@@ -25,7 +25,9 @@ from vinoserve.server import errors, openapi
 from vinoserve.server.errors import APIError
 from vinoserve.server.limits import BodySizeLimit, Limits
 from vinoserve.server.metrics import Metrics
-from vinoserve.server.routes import chat, completions, models, tokens
+from vinoserve.server.anthropic.errors import PATH_PREFIX as ANTHROPIC_PATHS, anthropic_error
+from vinoserve.server.responses.store import ResponseStore
+from vinoserve.server.routes import anthropic, chat, completions, models, responses, tokens
 from vinoserve.server.serving import ChatSetup, Serving
 
 log = logging.getLogger("vinoserve")
@@ -43,6 +45,7 @@ class ServerConfig:
     chat_template: str | None = None  # --chat-template's text: replaces the model's
     tool_call_parser: str = "auto"  # a name in server/tools FORMATS, or auto
     reasoning_parser: str = "auto"  # a name in server/reasoning FORMATS, none, or auto
+    max_stored_responses: int = 1000  # /v1/responses kept for previous_response_id, least recently used dropped
 
 
 def default_model_name(model: str | None) -> str:
@@ -134,17 +137,20 @@ def create_app(config: ServerConfig, on_fatal: Callable[[str], None] | None = No
 
     app = FastAPI(title="vinoserve", lifespan=lifespan)
     app.state.vinoserve = state  # what serving.current reads
-    errors.install(app)
-    openapi.install(app, vocab_size=lambda: state.engine.vocab_size if state.serving is not None else None)
-    app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_request_bytes)
+    app.state.stored_responses = ResponseStore(config.max_stored_responses)
+    shapes = {ANTHROPIC_PATHS: anthropic_error}  # error bodies in Anthropic's shape on its API's paths
+    errors.install(app, shapes)
+    openapi.install(app, vocab_size=lambda: state.engine.vocab_size if state.serving is not None else None,
+                    model_name=lambda: name)
+    app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_request_bytes, shapes=shapes)
 
     async def authorized(request: Request) -> None:
         if config.api_key is None:
             return
         header = request.headers.get("authorization", "")
-        given = header[7:] if header.lower().startswith("bearer ") else ""
+        given = header[7:] if header.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
         if not secrets.compare_digest(given.encode(), config.api_key.encode()):
-            raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
+            raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer <key>' or 'x-api-key: <key>')",
                            code="invalid_api_key")
 
     auth = [Depends(authorized)]
@@ -168,7 +174,7 @@ def create_app(config: ServerConfig, on_fatal: Callable[[str], None] | None = No
     async def metrics_page() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    for module in (models, completions, chat, tokens):
+    for module in (models, completions, chat, tokens, responses, anthropic):
         app.include_router(module.router, dependencies=auth)
 
     return app

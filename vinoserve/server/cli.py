@@ -18,7 +18,8 @@ from vinoserve.server.limits import Limits
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 endpoints")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on /v1 endpoints")
     p.add_argument("--served-model-name", default=None, help="the model id clients use (default: model dir name)")
     p.add_argument("--max-num-seqs", type=int, default=256, help="sequences in one batch at most")
     p.add_argument("--max-num-batched-tokens", type=int, default=SchedulerConfig.max_num_batched_tokens,
@@ -45,6 +46,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reasoning-parser", default="auto", choices=reasoning.CHOICES,
                    help="split a reasoning model's <think>...</think> off into reasoning_content: auto (default) "
                         "detects the family from the chat template, none turns it off")
+    p.add_argument("--max-stored-responses", type=int, default=ServerConfig.max_stored_responses,
+                   help="responses /v1/responses keeps in memory for previous_response_id and GET (least recently "
+                        "used dropped first; 0 keeps none)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds SIGTERM waits for in-flight requests to finish")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -66,7 +70,7 @@ def serve(args: argparse.Namespace, engine: EngineConfig) -> int:
                           generation_config=args.generation_config,
                           override_generation_config=args.override_generation_config,
                           chat_template=_read_template(args.chat_template), tool_call_parser=args.tool_call_parser,
-                          reasoning_parser=args.reasoning_parser)
+                          reasoning_parser=args.reasoning_parser, max_stored_responses=args.max_stored_responses)
     # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal under the handler
     # that was there before it; a no-op one makes a graceful stop exit 0, as orchestrators expect.
     signal.signal(signal.SIGTERM, lambda *_: None)

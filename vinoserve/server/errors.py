@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import fields
 
 from fastapi import FastAPI, Request
@@ -81,28 +82,54 @@ def invalid(errs: list[dict]) -> APIError:
     return APIError(400, f"{param}: {message}" if param else message, param)
 
 
-def install(app: FastAPI) -> None:
+ErrorShape = Callable[[int, str, str | None, str | None], dict]
+
+
+def renamed(e: APIError, names: dict[str, str]) -> APIError:
+    """`e`, raised for a request another API built (a ChatCompletionRequest), naming that API's
+    field instead: its first segment looked up in `names` (messages.0.content -> input)."""
+    head = (e.param or "").split(".", 1)[0]
+    if head in names:
+        if e.message.startswith(e.param) and e.message[len(e.param):][:1] in (":", " "):
+            e.message = names[head] + e.message[len(e.param):]
+        e.param = names[head]
+    return e
+
+
+def shape_for(path: str, shapes: dict[str, ErrorShape] | None) -> ErrorShape:
+    """The error body for `path`: `shapes[prefix]`'s under a prefix, else OpenAI's."""
+    return next((f for prefix, f in (shapes or {}).items() if path.startswith(prefix)), error_body)
+
+
+def install(app: FastAPI, shapes: dict[str, ErrorShape] | None = None) -> None:
+    """Error handlers answering in OpenAI's body, or in `shapes[prefix]`'s for paths under a prefix
+    (the Anthropic Messages API answers in Anthropic's)."""
+    def respond(request: Request, status: int, message: str, param: str | None = None, code: str | None = None,
+                headers: dict[str, str] | None = None) -> JSONResponse:
+        body = shape_for(request.url.path, shapes)(status, message, param, code)
+        return JSONResponse(body, status_code=status, headers=headers)
+
     @app.exception_handler(APIError)
-    async def _api(_: Request, e: APIError) -> JSONResponse:
-        return error_response(e.status, e.message, e.param, e.code, e.headers)
+    async def _api(request: Request, e: APIError) -> JSONResponse:
+        return respond(request, e.status, e.message, e.param, e.code, e.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, e: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, e: RequestValidationError) -> JSONResponse:
         error = invalid(e.errors())
-        return error_response(error.status, error.message, error.param)
+        return respond(request, error.status, error.message, error.param)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, e: StarletteHTTPException) -> JSONResponse:
-        return error_response(e.status_code, str(e.detail), headers=e.headers)
+    async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        return respond(request, e.status_code, str(e.detail), headers=e.headers)
 
     @app.exception_handler(RequestFailed)
     @app.exception_handler(EngineDead)
-    async def _failed(_: Request, e: Exception) -> JSONResponse:
+    async def _failed(request: Request, e: Exception) -> JSONResponse:
         # Registered by class, so Starlette answers without re-raising: the engine logged it.
         status, message, code = failure(e)
-        return error_response(status, message, code=code)
+        return respond(request, status, message, code=code)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, e: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, e: Exception) -> JSONResponse:
         status, message, code = failure(e)
-        return error_response(status, message, code=code)
+        return respond(request, status, message, code=code)

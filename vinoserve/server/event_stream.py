@@ -83,7 +83,7 @@ async def event_stream(tokenizer: Tokenizer, metrics: Metrics, prompts: list[lis
         events += texts[i].feed(out.new_text)
         if out.finished:
             more, reason = texts[i].finish(out.finish_reason)
-            events += [*more, Finish(reason)]
+            events += [*more, Finish(reason, out.stop_string)]
         yield Step(i, tuple(events))
     yield Usage(sum(map(len, prompts)), sum(tokens), sum(cached[::n]))
 

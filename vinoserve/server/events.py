@@ -58,6 +58,7 @@ class PromptLogprobs:
 @dataclass(frozen=True)
 class Finish:
     reason: str | None
+    stop_string: str | None = None  # the request's stop string that ended it (Anthropic reports it)
 
 
 Event = TextDelta | ReasoningDelta | ToolCallStart | ToolCallDelta | Logprobs | PromptLogprobs | Finish

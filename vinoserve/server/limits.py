@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fastapi import HTTPException
+from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from vinoserve.server.errors import APIError, error_response
+from vinoserve.server.errors import APIError, ErrorShape, shape_for
 
 # Seconds a client told "at capacity" should wait before retrying (the Retry-After header).
 RETRY_AFTER_S = 1
@@ -52,8 +53,8 @@ class BodySizeLimit:
     """413 for a request body over `max_bytes`, whether it declares its length or streams it
     chunked; the body is never read past the limit."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: ASGIApp, max_bytes: int, shapes: dict[str, ErrorShape] | None = None) -> None:
+        self.app, self.max_bytes, self.shapes = app, max_bytes, shapes  # shapes: as errors.install takes them
 
     def _message(self) -> str:
         return f"the request body is larger than this server's limit of {self.max_bytes} bytes"
@@ -63,7 +64,8 @@ class BodySizeLimit:
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            response = error_response(413, self._message(), code="request_too_large")
+            body = shape_for(scope["path"], self.shapes)(413, self._message(), None, "request_too_large")
+            response = JSONResponse(body, status_code=413)
             return await response(scope, receive, send)
         seen = 0
 

@@ -16,6 +16,16 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
+def unsupported(why: str, kind: object = None):
+    """A field this server refuses whenever it is given (only null, or `kind`'s values, is
+    accepted), saying why rather than pydantic's "Input should be None"."""
+    def check(value: object) -> object:
+        if value is not None and value is not False:
+            raise ValueError(why)
+        return value
+    return Annotated[kind, BeforeValidator(check)]
+
+
 class StreamOptions(_Request):
     include_usage: bool = False
 
@@ -26,6 +36,12 @@ def _whole(value: object) -> object:
 
 
 Int = Annotated[int, BeforeValidator(_whole)]
+
+
+def bounded_int(**bounds: int):
+    """An Int within bounds (ge=, le=) that the OpenAPI document states as minimum/maximum: a
+    Field placed after the validator, inside `| None`, would come out as a bare "ge"."""
+    return Annotated[int, Field(**bounds), BeforeValidator(_whole)]
 TokenId = Annotated[Int, Field(ge=0)]
 # An id the server checks against the vocabulary: the OpenAPI document states that bound (openapi.py).
 VocabTokenId = Annotated[Int, Field(ge=0), WithJsonSchema({"type": "integer", "minimum": 0, "x-token-id": True})]
@@ -94,6 +110,7 @@ class ChatMessage(_Request):
     name: str | None = None
     tool_calls: list[dict] | None = None
     tool_call_id: str | None = Field(None, validate_default=True)
+    reasoning_content: str | None = None  # an earlier turn's reasoning, for templates that render it (Qwen3)
 
     @field_validator("content", "tool_call_id")
     @classmethod

@@ -1,0 +1,134 @@
+"""The shapes a POST /v1/responses body may take, as pydantic models: what they accept is what
+the OpenAPI document states (openai's own types name them). Items and parts a text model with
+function tools cannot honour (images, files, built-in tools' calls, item references) are not
+among them, so they are a 400 naming the field."""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Discriminator, Field, Tag
+
+from vinoserve.server.protocol import _Request
+
+
+class TextPart(_Request):
+    type: Literal["input_text", "output_text"]
+    text: str
+
+
+class RefusalPart(_Request):
+    type: Literal["refusal"]
+    refusal: str
+
+
+class InputTextPart(_Request):
+    type: Literal["input_text"]
+    text: str
+
+
+class MessageItem(_Request):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[Annotated[TextPart | RefusalPart, Field(discriminator="type")]]
+    id: str | None = None
+
+
+class FunctionCallItem(_Request):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+
+
+class FunctionCallOutputItem(_Request):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[InputTextPart]
+    id: str | None = None
+
+
+class ReasoningText(_Request):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class SummaryText(_Request):
+    type: Literal["summary_text"]
+    text: str
+
+
+class ReasoningItem(_Request):
+    type: Literal["reasoning"]
+    summary: list[SummaryText] = []
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None  # another server's sealed reasoning: nothing this one can read
+    id: str | None = None
+
+
+def _item_kind(item: object) -> str | None:
+    kind = item.get("type", "message") if isinstance(item, dict) else getattr(item, "type", None)
+    return kind if isinstance(kind, str) else None
+
+
+Item = Annotated[Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
+                 | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+                 | Annotated[ReasoningItem, Tag("reasoning")], Discriminator(_item_kind)]
+
+
+class FunctionTool(_Request):
+    type: Literal["function"]
+    name: str
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class ToolChoiceFunction(_Request):
+    type: Literal["function"]
+    name: str
+
+
+class ToolChoiceAllowed(_Request):
+    type: Literal["allowed_tools"]
+    mode: Literal["auto", "required"]
+    tools: list[dict]
+
+
+ToolChoice = Literal["auto", "none", "required"] | Annotated[ToolChoiceFunction | ToolChoiceAllowed,
+                                                              Field(discriminator="type")]
+
+
+class FormatText(_Request):
+    type: Literal["text"]
+
+
+class FormatJsonObject(_Request):
+    type: Literal["json_object"]
+
+
+class FormatJsonSchema(_Request):
+    type: Literal["json_schema"]
+    name: str
+    schema_: dict = Field(alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class TextConfig(_Request):
+    format: Annotated[FormatText | FormatJsonObject | FormatJsonSchema, Field(discriminator="type")] | None = None
+    verbosity: Literal["medium"] | None = None  # low and high would change the reply; nothing here can
+
+
+class ReasoningConfig(_Request):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+# `include` values; message.output_text.logprobs is not among them (no logprobs here).
+Includable = Literal["reasoning.encrypted_content", "file_search_call.results", "web_search_call.results",
+                     "web_search_call.action.sources", "message.input_image.image_url",
+                     "computer_call_output.output.image_url", "code_interpreter_call.outputs"]
+Metadata = Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+                     Field(max_length=16)]  # OpenAI's limits
