@@ -36,7 +36,8 @@ from vinoserve.model.paged import CompileOptions  # noqa: E402
 from vinoserve.model.storage import cache_root  # noqa: E402
 
 T = gguf.GGMLQuantizationType
-PRECISIONS = {"default": CompileOptions(), "f32": CompileOptions(inference_precision="f32", kv_cache_precision="f32")}
+PRECISIONS = {"default": CompileOptions(), "f32": CompileOptions(inference_precision="f32", kv_cache_precision="f32"),
+              "default-dm-off": CompileOptions(decode_model=False)}  # the default without the decode model
 
 
 def _q4_k_m_like(name: str, x: np.ndarray, layer: int) -> T:

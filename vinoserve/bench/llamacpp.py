@@ -115,16 +115,17 @@ class Vinoserve:
 
     def __init__(self, model: str, weight_format: str = "auto", max_num_batched_tokens: int = 512,
                  kv_cache_precision: str | None = None, threads: int | None = None,
-                 inference_precision: str | None = None) -> None:
+                 inference_precision: str | None = None, decode_model: str = "auto") -> None:
         from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
         from vinoserve.model.paged import CompileOptions
         from vinoserve.scheduler.scheduler import SchedulerConfig
 
-        self.name = f"vinoserve {weight_format}"
+        self.name = f"vinoserve {weight_format}" + (" dm-off" if decode_model == "off" else "")
         # One stream needs little KV cache; the default (a quarter of free memory) would crowd an 8B pair.
         cfg = EngineConfig(model=model, weight_format=weight_format, enable_prefix_caching=False, kv_cache_size_gb=1.0,
                            compile=CompileOptions(kv_cache_precision=kv_cache_precision, num_threads=threads,
-                                                  inference_precision=inference_precision),
+                                                  inference_precision=inference_precision,
+                                                  decode_model=None if decode_model == "auto" else False),
                            scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens))
         self.engine = LLMEngine(cfg, log=lambda m: None)
         self._count = 0
@@ -225,13 +226,13 @@ def _median_iqr(values: list[float]) -> str:
 
 
 def report(runs: dict[str, list[StreamTiming]], reference: str = LlamaCpp.name) -> list[str]:
-    lines = [f"{'engine':<16}{'decode tok/s':>14}{'prompt tok/s':>14}{'TTFT ms':>10}"
+    lines = [f"{'engine':<22}{'decode tok/s':>14}{'prompt tok/s':>14}{'TTFT ms':>10}"
              f"   decode / {reference}   prompt / {reference}"]
     for name, timings in runs.items():
         decode = statistics.median(t.decode_tok_s for t in timings)
         prompt = statistics.median(t.prompt_tok_s for t in timings)
         ttft = statistics.median(t.ttft_s for t in timings)
-        line = f"{name:<16}{decode:>14.1f}{prompt:>14.1f}{1e3 * ttft:>10.1f}"
+        line = f"{name:<22}{decode:>14.1f}{prompt:>14.1f}{1e3 * ttft:>10.1f}"
         if name != reference and reference in runs:
             ref = runs[reference]
             line += (f"   {_median_iqr([t.decode_tok_s / r.decode_tok_s for t, r in zip(timings, ref)]):<24}"
@@ -261,6 +262,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="vinoserve's prefill chunk (llama.cpp's n_ubatch is 512)")
     ap.add_argument("--kv-cache-precision", default=None, help="vinoserve's KV cache precision (default: its own)")
     ap.add_argument("--inference-precision", default=None, help="vinoserve's compute precision (default: the CPU's)")
+    ap.add_argument("--decode-models", default="auto",
+                    help="vinoserve's --decode-model settings to compare, per weight format (comma-separated: auto, off)")
 
 
 def main(args: argparse.Namespace) -> None:
@@ -272,8 +275,8 @@ def main(args: argparse.Namespace) -> None:
 
     engines: list = [start(LlamaCpp, model, args.threads, max(4096, args.input_len + args.output_len + 8))]
     engines += [start(Vinoserve, model, fmt, args.max_num_batched_tokens, args.kv_cache_precision, args.threads,
-                      args.inference_precision)
-                for fmt in args.weight_formats.split(",") if fmt]
+                      args.inference_precision, dm)
+                for fmt in args.weight_formats.split(",") if fmt for dm in args.decode_models.split(",")]
     print(f"{args.model}: 1 stream, {args.input_len} prompt tokens, {args.output_len} out, {args.rounds} paired "
           f"rounds, {os.cpu_count()} CPUs, {'one process' if args.same_process else 'a process per engine'}; "
           f"llama.cpp {gguf_path(model).name} as is")

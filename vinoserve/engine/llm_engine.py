@@ -23,6 +23,7 @@ from vinoserve.engine.text_output import TextOutput
 from vinoserve.engine.warm_up import warm_up
 from vinoserve.model.weights import WeightFormat
 from vinoserve.model.loader import LoadedModel, load_model
+from vinoserve.model import decode_model
 from vinoserve.model.paged import CompileOptions
 from vinoserve.scheduler.grammar import GrammarCompiler
 from vinoserve.scheduler.sampler import Sampler, SamplingState
@@ -146,6 +147,8 @@ class LLMEngine:
         self._forks: dict[str, list[_Request]] = {}  # a request id -> choices waiting for its prompt
         self.stats = StepStats()
         self._flight: _Launch | None = None  # the step computing between two calls of step()
+        if paged.decode is not None:
+            log(f"decode model: steps of up to {decode_model.MAX_TOKENS} tokens run at f32 with int8 activations")
         log(f"KV cache: {num_blocks} blocks of {paged.block_size} tokens, {self.cache.nbytes / 2**30:.2f} GiB "
             f"({paged.layout.key_type.get_type_name()} keys, {paged.layout.value_type.get_type_name()} values)")
 

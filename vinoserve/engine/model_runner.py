@@ -10,6 +10,7 @@ import numpy as np
 import openvino as ov
 
 from vinoserve.cache.kv_cache import KVCache
+from vinoserve.model import decode_model
 from vinoserve.model.paged import SAMPLED_INDICES, PagedModel
 
 
@@ -94,12 +95,10 @@ class ModelRunner:
     def __init__(self, model: PagedModel, cache: KVCache, num_requests: int = 2) -> None:
         self.model = model
         self.cache = cache
-        self._infer_requests = [model.compiled.create_infer_request() for _ in range(num_requests)]
-        for request in self._infer_requests:
-            for layer, (k, v) in enumerate(zip(cache.keys, cache.values)):
-                request.set_tensor(f"key_cache.{layer}", k)
-                request.set_tensor(f"value_cache.{layer}", v)
-        self._inputs = [_InputTensors(request) for request in self._infer_requests]
+        # Per turn, a request of the main model and one of the decode model (model/decode_model.py),
+        # both over the same cache: a step goes to one of them by its token count.
+        self._inputs = [self._bind(model.compiled, cache) for _ in range(num_requests)]
+        self._decode_inputs = [self._bind(model.decode, cache) for _ in range(num_requests)] if model.decode else None
         self._turn = 0
         self._num_layers = model.facts.num_layers
         self._has_scores = model.options.score_outputs
@@ -147,7 +146,8 @@ class ModelRunner:
         if self._has_rotation:
             self._rotation_inputs(rotation, inputs)
 
-        bound = self._inputs[self._turn]
+        use_decode = self._decode_inputs is not None and total <= decode_model.MAX_TOKENS
+        bound = (self._decode_inputs if use_decode else self._inputs)[self._turn]
         self._turn = (self._turn + 1) % len(self._inputs)
         inputs = bound.write(inputs)
         ids = inputs["input_ids"]
@@ -175,6 +175,14 @@ class ModelRunner:
         if self._has_scores:
             scores = [np.array(step.request.get_tensor(f"scores.{i}").data) for i in range(self._num_layers)]
         return StepResult(rows, step.num_logits, scores)
+
+    @staticmethod
+    def _bind(compiled: ov.CompiledModel, cache: KVCache) -> _InputTensors:
+        request = compiled.create_infer_request()
+        for layer, (k, v) in enumerate(zip(cache.keys, cache.values)):
+            request.set_tensor(f"key_cache.{layer}", k)
+            request.set_tensor(f"value_cache.{layer}", v)
+        return _InputTensors(request)
 
     def _block_inputs(self, chunks: Sequence[ScheduledChunk], inputs: dict) -> None:
         counts = [len(c.block_tables[0]) for c in chunks]

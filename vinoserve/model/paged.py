@@ -12,6 +12,7 @@ import openvino as ov
 import openvino.opset13 as ops
 from openvino._offline_transformations import paged_attention_transformation
 
+from vinoserve.model import decode_model
 from vinoserve.model import fuse_projections as projections
 from vinoserve.model.block_offsets import split_block_offsets
 from vinoserve.model.errors import ModelLoadError, last_line
@@ -32,6 +33,7 @@ class CompileOptions:
     score_outputs: bool = False  # per-layer attention scores, for cache eviction
     cache_rotation: bool = False  # in-kernel RoPE re-rotation inputs
     fuse_projections: bool | None = None  # q/k/v as one MatMul; None: on CPU (see fuse_projections)
+    decode_model: bool | None = None  # a second compilation for steps of few tokens; None: where it pays (decode_model.py)
 
     def __post_init__(self) -> None:
         if self.inference_precision not in (None, *PRECISIONS):
@@ -84,6 +86,7 @@ class PagedModel:
     compiled: ov.CompiledModel
     options: CompileOptions
     layout: CacheLayout
+    decode: ov.CompiledModel | None = None  # for steps of at most decode_model.MAX_TOKENS tokens
 
     @property
     def block_size(self) -> int:
@@ -141,6 +144,7 @@ def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None
                   sliding_windows: tuple[int, ...] = ()) -> PagedModel:
     """`sliding_windows`: each layer's, from the model's config (empty: as the transformation found them)."""
     core = core or ov.Core()
+    options = _with_decode_model(options, core, model)
     options = _default_kv_precision(options, core)
     if options.fuse_projections is None:
         options = replace(options, fuse_projections=options.device == "CPU")
@@ -148,13 +152,36 @@ def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None
     split_block_offsets(model)  # after to_paged: the LM head's correction must read the gathered rows
     if options.fuse_projections:
         projections.fuse_projections(model)
+    compiled = _compile(core, model, options.device, options.properties())
+    layout = _cache_layout(compiled)
+    decode = None
+    if options.decode_model:
+        decode = _compile(core, model, options.device, decode_model.properties(options.properties()))
+        if _cache_layout(decode) != layout:
+            raise ModelLoadError(f"the decode model's KV cache layout differs from the main one's: "
+                                 f"{_cache_layout(decode)} vs {layout}")
+    return PagedModel(facts, compiled, options, layout, decode)
+
+
+def _compile(core: ov.Core, model: ov.Model, device: str, properties: dict[str, str]) -> ov.CompiledModel:
     try:
-        compiled = core.compile_model(model, options.device, options.properties())
+        return core.compile_model(model, device, properties)
     except RuntimeError as e:
         # e.g. a bf16 KV cache with f32 compute on a CPU without bf16: the plugin refuses it.
-        raise ModelLoadError(f"{options.device} cannot run this model with {options.properties()}: "
-                             f"{last_line(e)}") from e
-    return PagedModel(facts, compiled, options, _cache_layout(compiled))
+        raise ModelLoadError(f"{device} cannot run this model with {properties}: {last_line(e)}") from e
+
+
+def _with_decode_model(options: CompileOptions, core: ov.Core, model: ov.Model) -> CompileOptions:
+    """Resolves `decode_model`; with it on, the KV cache both compilations share is u8."""
+    use = options.decode_model
+    if use is None:
+        use = decode_model.wanted(options.device, _compute_precision(options, core), options.kv_cache_precision, model)
+    if not use:
+        return replace(options, decode_model=False)
+    if options.kv_cache_precision not in (None, decode_model.KV_PRECISION):
+        raise ModelLoadError(f"the decode model shares a {decode_model.KV_PRECISION} KV cache with the main one; "
+                             f"{options.kv_cache_precision} was asked for (turn the decode model off to keep it)")
+    return replace(options, decode_model=True, kv_cache_precision=decode_model.KV_PRECISION)
 
 
 def _default_kv_precision(options: CompileOptions, core: ov.Core) -> CompileOptions:

@@ -1,0 +1,87 @@
+"""The decode model (model/decode_model.py): a second compilation for steps of few tokens, sharing
+the KV cache with the main one; the runner sends each step to one of them by its token count."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gguf_fixtures import tiny_hf_model, write_gguf
+from vinoserve.cache.kv_cache import KVCache
+from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
+from vinoserve.model import decode_model
+from vinoserve.model.errors import ModelLoadError
+from vinoserve.model.gguf_loader import GGUFModel
+from vinoserve.model.graph import build_model
+from vinoserve.model.paged import CompileOptions, PagedModel, compile_paged
+
+
+@pytest.fixture(scope="module")
+def q4_0(tmp_path_factory) -> GGUFModel:
+    path = tmp_path_factory.mktemp("decode_model") / "q4_0.gguf"
+    return GGUFModel.open(write_gguf(tiny_hf_model("llama"), path, quant="Q4_0"))
+
+
+def _alone(model: PagedModel, which: str) -> PagedModel:
+    """One of the two compilations as a model of its own (no routing)."""
+    compiled = model.decode if which == "decode" else model.compiled
+    return PagedModel(model.facts, compiled, model.options, model.layout)
+
+
+def test_steps_go_by_token_count_and_share_the_cache(q4_0):
+    """Forced on (any CPU): a prompt prefilled by the main compilation, then a one-token step and a
+    four-token step. Each gives exactly the logits of the compilation it belongs to, run alone
+    over a copy of the cache: the one-token step read the prompt's KV the main one wrote."""
+    options = CompileOptions(inference_precision="f32", decode_model=True)
+    model = compile_paged(build_model(q4_0.config, q4_0.tensor, "auto"), options)
+    assert model.decode is not None and model.options.kv_cache_precision == "u8"
+    assert model.layout.key_type.get_type_name() == "u8"
+    cache = KVCache(model.layout, q4_0.config.num_layers, num_blocks=4)
+    routed = ModelRunner(model, cache, num_requests=1)
+    prompt = list(range(10, 40))
+    routed.step([ScheduledChunk(prompt, 0, [[0, 1]])])
+    for new in ([41], [41, 42, 43, 44]):
+        assert (len(new) <= decode_model.MAX_TOKENS) == (len(new) == 1)
+        which = "decode" if len(new) <= decode_model.MAX_TOKENS else "main"
+        step = [ScheduledChunk(new, len(prompt), [[0, 1]], num_logits=len(new))]
+        before = _copy(cache)
+        got = routed.step(step).rows.copy()
+        ref = ModelRunner(_alone(model, which), before, num_requests=1).step(step).rows
+        np.testing.assert_array_equal(got, ref)
+        empty = KVCache(model.layout, q4_0.config.num_layers, num_blocks=4)  # without the prompt's KV
+        for t in empty.keys + empty.values:
+            t.data[...] = 0
+        assert not np.array_equal(ModelRunner(_alone(model, which), empty, num_requests=1).step(step).rows, got)
+
+
+def _copy(cache: KVCache) -> KVCache:
+    copy = KVCache(cache.layout, len(cache.keys), cache.num_blocks)
+    for dst, src in zip(copy.keys + copy.values, cache.keys + cache.values):
+        dst.data[...] = src.data
+    return copy
+
+
+def test_decode_model_stays_off_where_it_cannot_help(q4_0):
+    f16 = build_model(q4_0.config, q4_0.tensor, "f16")
+    assert not decode_model.has_low_bit_matmuls(f16)
+    assert decode_model.has_low_bit_matmuls(build_model(q4_0.config, q4_0.tensor, "auto"))
+    # f32 compute asked for is f32 arithmetic: no int8 activations anywhere
+    model = compile_paged(build_model(q4_0.config, q4_0.tensor, "auto"),
+                          CompileOptions(inference_precision="f32", kv_cache_precision="f32"))
+    assert model.decode is None and model.options.decode_model is False
+    # a KV precision the two compilations cannot share keeps it off, or is refused when it is forced
+    model = compile_paged(build_model(q4_0.config, q4_0.tensor, "auto"), CompileOptions(kv_cache_precision="f16"))
+    assert model.decode is None
+    with pytest.raises(ModelLoadError, match="decode model shares a u8 KV cache"):
+        compile_paged(build_model(q4_0.config, q4_0.tensor, "auto"),
+                      CompileOptions(kv_cache_precision="f16", decode_model=True))
+
+
+def test_cpu_flags(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f\n")
+    assert not decode_model.cpu_has_vnni(info)
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni\n")
+    assert decode_model.cpu_has_vnni(info)
+    info.write_text("flags\t\t: fpu avx2 avx_vnni\n")
+    assert decode_model.cpu_has_vnni(info)
+    assert not decode_model.cpu_has_vnni(tmp_path / "missing")

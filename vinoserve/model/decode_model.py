@@ -1,0 +1,60 @@
+"""A second compilation of the model for steps of a few tokens: f32 compute, int8 activations.
+
+With bf16 compute (the CPU plugin's default on AVX512_BF16 and AMX CPUs) a FullyConnected with
+4- or 8-bit weights decompresses every weight into a bf16 buffer on each call and multiplies in
+bf16: right for a prompt chunk, wasted at one token, where the step streams the weights once. At
+f32 compute the plugin instead quantizes the activations to int8 per group of 32 and multiplies
+the packed low-bit weights with VNNI integer dot products, as llama.cpp does (nodes/fullyconnected.cpp,
+`useDynamicQuantizationImpl`; it needs f32 activations). Measured on a 2-core Sapphire Rapids, 1.5B
+Q4_0 `auto`, decode `infer()`: 73 ms against 95 at one sequence; level at four (docs/performance.md).
+
+So the same graph is compiled twice and the runner sends each step to one of them by its token
+count. Both write one KV cache, which fixes its precision: an f32 kernel reads f32 or u8 blocks, a
+bf16 one bf16 or u8, so the cache is u8. The cost is a second packed copy of the weights.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import openvino as ov
+
+# Steps of at most this many tokens go to the decode model (one to three sequences decoding); at
+# four the bf16 kernels were level or ahead.
+MAX_TOKENS = 3
+KV_PRECISION = "u8"
+_LOW_BIT = {ov.Type.u4, ov.Type.i4, ov.Type.u8, ov.Type.i8}
+
+
+def cpu_has_vnni(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """The plugin quantizes activations only where VNNI gives int8 dot products (avx512_vnni or
+    AVX-VNNI); elsewhere f32 compute would decompress to f32, slower than bf16."""
+    try:
+        with cpuinfo.open() as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_vnni" in flags or "avx_vnni" in flags
+
+
+def has_low_bit_matmuls(model: ov.Model) -> bool:
+    """Whether some MatMul reads 4- or 8-bit weights (the conversion's `auto`, `int4`, `int8`, or
+    an int4/int8 IR): with f16 or f32 weights there is nothing for int8 activations to meet."""
+    for node in model.get_ordered_ops():
+        if node.get_type_name() == "Constant" and node.get_element_type() in _LOW_BIT:
+            if any(t.get_node().get_type_name() == "Convert" for t in node.output(0).get_target_inputs()):
+                return True
+    return False
+
+
+def wanted(device: str, compute_precision: str, kv_precision: str | None, model: ov.Model) -> bool:
+    """Where the decode model pays: CPU, bf16 compute, VNNI, low-bit weights, and a KV precision
+    both compilations accept (none asked for, or u8)."""
+    return (device == "CPU" and compute_precision == "bf16" and kv_precision in (None, KV_PRECISION)
+            and cpu_has_vnni() and has_low_bit_matmuls(model))
+
+
+def properties(main: dict[str, str]) -> dict[str, str]:
+    """The main compilation's properties, with f32 compute and int8 activations per 32 inputs (the
+    GGUF block size: a larger group did not take the fast path with Q4_0's groups of 32)."""
+    return {**main, "INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "32",
+            "KV_CACHE_PRECISION": KV_PRECISION}
