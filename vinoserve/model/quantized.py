@@ -1,20 +1,31 @@
 """GGUF's quantized blocks as the integer groups OpenVINO's CPU plugin multiplies in its kernels.
 
 Each ggml type maps to one layout (the table `LAYOUTS`): integers of an OpenVINO low-bit type in
-groups along the input dimension, one f16 scale per group, and for types that store a minimum per
-block an f16 offset per group (w = q * scale + offset). The blocks are unpacked with vectorised
-numpy, a slice of rows at a time, never through a float copy of the tensor.
+groups along the input dimension, one scale per group, and for types that store a minimum per
+block an offset per group (w = q * scale + offset): the file's own f16s, or f32 where they are
+products or sums of stored numbers. The blocks are unpacked with vectorised numpy, a slice of
+rows at a time, never through a float copy of the tensor.
 
 | ggml type | kept as | exact? |
 | --- | --- | --- |
 | Q4_0 | i4 (q - 8), groups of 32 | yes: the block's own integers and f16 scale |
 | Q8_0 | i8, groups of 32 | yes |
 | Q5_0 | i8 (q - 16), groups of 32 | yes (no 5-bit type: 8 bits a weight) |
-| Q6_K | i8 (q - 32), groups of 16, scale d * sub-scale | to the f16 rounding of d * sub-scale (2^-11) |
-| Q4_1 | u4, groups of 32, offset = the block's min | yes (values and min are the file's f16s) |
-| Q5_1 | u8, groups of 32, offset = min | yes |
-| Q4_K | u4, groups of 32, scale d * sc, offset -dmin * m | to the f16 rounding of the two products |
-| Q5_K | u8, groups of 32, scale d * sc, offset -dmin * m | likewise |
+| Q6_K | i8 (q - 32), groups of 16, f32 scale d * sub-scale | yes (an f16 times an 8-bit integer fits f32) |
+| Q4_1 | i4 (q - 8), groups of 32, f32 offset min + 8 d | yes (to f32's rounding of the sum) |
+| Q5_1 | i8 (q - 16), groups of 32, f32 offset min + 16 d | likewise |
+| Q4_K | i4 (q - 8), groups of 32, f32 scale d * sc, f32 offset 8 d * sc - dmin * m | likewise |
+| Q5_K | i8 (q - 16), groups of 32, f32 scale d * sc, f32 offset 16 d * sc - dmin * m | likewise |
+
+Types with a minimum are centred (q - 8, the min moved by 8 steps): the offset's product is
+computed apart (block_offsets), and with the file's unsigned q every weight of a group leans one
+way, so the main product is large and the offset's nearly cancels it. Any rounding of the input
+(bf16, or the int8 activations of the decode model) then survives the cancellation: SmolLM2's
+Q4_1 file with int8 activations in decode steps had 7% more perplexity uncentred, none centred
+(docs/performance.md). Rounding d * sc to f16 (11 bits; d has 11 and the sub-scale 6) moved a
+llama-quantize Q4_K_M's logits by up to 0.07 against transformers' f32 reading of it, so the
+K-quants' products stay f32; the CPU plugin turns every scale into f32 when it compiles a
+compressed matmul, so that costs the IR's size (+0.5 bit a weight), not speed.
 
 Other types (Q2_K, Q3_K, the IQ types, ...) are not kept: `Weights` dequantizes them.
 Offsets do not fit the plugin's compressed-weight pattern; `block_offsets` moves them out of the
@@ -40,8 +51,8 @@ class Blocks:
 
     element: ov.Type  # u4, i4, u8 or i8
     q: np.ndarray  # uint8 (packed 4-bit, or u8) or int8
-    scale: np.ndarray  # float16 [rows, groups, 1]
-    offset: np.ndarray | None = None  # float16 [rows, groups, 1]
+    scale: np.ndarray  # float16 or float32 [rows, groups, 1]
+    offset: np.ndarray | None = None  # float32 [rows, groups, 1]
 
     @property
     def group(self) -> int:
@@ -79,8 +90,16 @@ def _q4_0(b: np.ndarray) -> Blocks:
     return Blocks(ov.Type.i4, _pairs(b[..., 2:]) ^ 0x88, _f16(b[..., :2]))  # ^ 0x88: q - 8 in two's complement
 
 
+def _centred(element: ov.Type, q: np.ndarray, scale: np.ndarray, offset: np.ndarray) -> Blocks:
+    """Unsigned q * scale + offset as signed (q - half) * scale + (offset + half * scale), f32."""
+    scale, offset = scale.astype(np.float32), offset.astype(np.float32)
+    if element == ov.Type.i4:  # q ^ 8 is q - 8 in 4-bit two's complement, two nibbles a byte
+        return Blocks(element, q ^ 0x88, scale, offset + 8 * scale)
+    return Blocks(element, (q.astype(np.int8) - 16), scale, offset + 16 * scale)  # 5-bit values in i8
+
+
 def _q4_1(b: np.ndarray) -> Blocks:
-    return Blocks(ov.Type.u4, _pairs(b[..., 4:]), _f16(b[..., :2]), _f16(b[..., 2:4]))
+    return _centred(ov.Type.i4, _pairs(b[..., 4:]), _f16(b[..., :2]), _f16(b[..., 2:4]))
 
 
 def _q5(qs: np.ndarray, qh: np.ndarray) -> np.ndarray:
@@ -93,7 +112,7 @@ def _q5_0(b: np.ndarray) -> Blocks:
 
 
 def _q5_1(b: np.ndarray) -> Blocks:
-    return Blocks(ov.Type.u8, _q5(b[..., 8:], b[..., 4:8]), _f16(b[..., :2]), _f16(b[..., 2:4]))
+    return _centred(ov.Type.i8, _q5(b[..., 8:], b[..., 4:8]), _f16(b[..., :2]), _f16(b[..., 2:4]))
 
 
 def _q8_0(b: np.ndarray) -> Blocks:
@@ -101,15 +120,14 @@ def _q8_0(b: np.ndarray) -> Blocks:
 
 
 def _k_scales(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K/Q5_K super-block header -> per-sub-block scale d * sc and offset -dmin * m, f16 [..., 8, 1]."""
+    """Q4_K/Q5_K super-block header -> per-sub-block scale d * sc and offset -dmin * m, f32 [..., 8, 1]
+    (exact: an f16 times a 6-bit integer)."""
     d, dmin = _f16(b[..., 0:2]).astype(np.float32), _f16(b[..., 2:4]).astype(np.float32)
     s = b[..., 4:16]
     lo, hi, mixed = s[..., 0:4], s[..., 4:8], s[..., 8:12]
     sc = np.concatenate([lo & 0x3F, (mixed & 0x0F) | ((lo >> 2) & 0x30)], axis=-1)
     m = np.concatenate([hi & 0x3F, (mixed >> 4) | ((hi >> 2) & 0x30)], axis=-1)
-    scale = (d * sc.astype(np.float32))[..., None].astype(np.float16)
-    offset = (-dmin * m.astype(np.float32))[..., None].astype(np.float16)
-    return scale, offset
+    return (d * sc.astype(np.float32))[..., None], (-dmin * m.astype(np.float32))[..., None]
 
 
 def _q4_k(b: np.ndarray) -> Blocks:
@@ -119,7 +137,7 @@ def _q4_k(b: np.ndarray) -> Blocks:
     a, c = runs[..., 0::2], runs[..., 1::2]
     q = np.stack([(a & 0x0F) | (c << 4), (a >> 4) | (c & 0xF0)], axis=-2)  # [..., 4, 2, 16]
     scale, offset = _k_scales(b)
-    return Blocks(ov.Type.u4, q.reshape(*b.shape[:-1], 8, 16), scale, offset)
+    return _centred(ov.Type.i4, q.reshape(*b.shape[:-1], 8, 16), scale, offset)
 
 
 def _q5_k(b: np.ndarray) -> Blocks:
@@ -129,7 +147,7 @@ def _q5_k(b: np.ndarray) -> Blocks:
     qh = b[..., 16:48]
     high = (qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # [..., 8, 32]
     scale, offset = _k_scales(b)
-    return Blocks(ov.Type.u8, low | (high << 4), scale, offset)
+    return _centred(ov.Type.i8, low | (high << 4), scale, offset)
 
 
 def _q6_k(b: np.ndarray) -> Blocks:
@@ -141,7 +159,7 @@ def _q6_k(b: np.ndarray) -> Blocks:
     q = ((low | (high << 4)).astype(np.int8) - 32).reshape(*lead, 16, 16)
     sub = b[..., 192:208].view(np.int8).astype(np.float32)
     d = _f16(b[..., 208:210]).astype(np.float32)
-    return Blocks(ov.Type.i8, q, (d * sub)[..., None].astype(np.float16))
+    return Blocks(ov.Type.i8, q, (d * sub)[..., None])
 
 
 # ggml type -> unpacker of raw blocks [rows, blocks, bytes per block] into one group layout.
