@@ -84,6 +84,7 @@ def main() -> None:
     ap.add_argument("--model", required=True, help=".gguf file, built-in name or random model name")
     ap.add_argument("--weight-formats", default="auto")
     ap.add_argument("--kv-cache-size", default="0.25", help="vinoserve's KV cache, GB")
+    ap.add_argument("--decode-models", default="auto", help="vinoserve's --decode-model settings (auto, off)")
     ap.add_argument("--no-llamacpp", action="store_true")
     args = ap.parse_args()
     path = str(gguf_path(args.model))
@@ -93,11 +94,12 @@ def main() -> None:
         rows["llama.cpp server (n_ctx 2048)"] = measure([sys.executable, "-c", _LLAMA_SERVER, path, str(port)],
                                                         port, "model")
     for fmt in args.weight_formats.split(","):
-        port = _port()
-        rows[f"vinoserve {fmt} (--kv-cache-size {args.kv_cache_size})"] = measure(
-            [sys.executable, "-m", "vinoserve.cli", "serve", "--model", path, "--port", str(port),
-             "--weight-format", fmt, "--kv-cache-size", args.kv_cache_size, "--served-model-name", "model"],
-            port, "model")
+        for dm in args.decode_models.split(","):
+            port = _port()
+            rows[f"vinoserve {fmt}, --decode-model {dm} (--kv-cache-size {args.kv_cache_size})"] = measure(
+                [sys.executable, "-m", "vinoserve.cli", "serve", "--model", path, "--port", str(port),
+                 "--weight-format", fmt, "--decode-model", dm, "--kv-cache-size", args.kv_cache_size,
+                 "--served-model-name", "model"], port, "model")
     print(f"{os.path.basename(path)}, one completion ({next(iter(rows.values()))['prompt_tokens']} prompt tokens, "
           f"32 out), {os.cpu_count()} CPUs\n")
     print("| server | VmRSS MiB | anonymous | file-mapped |")
