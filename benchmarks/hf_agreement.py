@@ -86,7 +86,7 @@ def vinoserve_prompt_logits(loaded, prompts: list[list[int]]) -> list[np.ndarray
     """Each prompt alone, one prefill, logits at every position."""
     blocks = -(-max(map(len, prompts)) // BLOCK)
     runner = ModelRunner(loaded.paged, KVCache(loaded.paged.layout, loaded.config.num_layers, num_blocks=blocks))
-    return [runner.step([ScheduledChunk(p, 0, [list(range(blocks))], num_logits=len(p))]).logits[0]
+    return [runner.step([ScheduledChunk(p, 0, [list(range(-(-len(p) // BLOCK)))], num_logits=len(p))]).logits[0].copy()
             for p in prompts]
 
 

@@ -1,8 +1,9 @@
 """GGUF's quantized blocks as the integer groups OpenVINO's CPU plugin multiplies in its kernels.
 
 Each ggml type maps to one layout (the table `LAYOUTS`): integers of an OpenVINO low-bit type in
-groups along the input dimension, one f16 scale per group, and for types that store a minimum per
-block an f16 offset per group (w = q * scale + offset). The blocks are unpacked with vectorised
+groups along the input dimension, one scale per group, and for types that store a minimum per
+block an offset per group (w = q * scale + offset): the file's own f16s, or f32 where they are
+products of two stored numbers. The blocks are unpacked with vectorised
 numpy, a slice of rows at a time, never through a float copy of the tensor.
 
 | ggml type | kept as | exact? |
@@ -10,11 +11,17 @@ numpy, a slice of rows at a time, never through a float copy of the tensor.
 | Q4_0 | i4 (q - 8), groups of 32 | yes: the block's own integers and f16 scale |
 | Q8_0 | i8, groups of 32 | yes |
 | Q5_0 | i8 (q - 16), groups of 32 | yes (no 5-bit type: 8 bits a weight) |
-| Q6_K | i8 (q - 32), groups of 16, scale d * sub-scale | to the f16 rounding of d * sub-scale (2^-11) |
+| Q6_K | i8 (q - 32), groups of 16, f32 scale d * sub-scale | yes (an f16 times an 8-bit integer fits f32) |
 | Q4_1 | u4, groups of 32, offset = the block's min | yes (values and min are the file's f16s) |
 | Q5_1 | u8, groups of 32, offset = min | yes |
-| Q4_K | u4, groups of 32, scale d * sc, offset -dmin * m | to the f16 rounding of the two products |
-| Q5_K | u8, groups of 32, scale d * sc, offset -dmin * m | likewise |
+| Q4_K | u4, groups of 32, f32 scale d * sc, f32 offset -dmin * m | yes (as llama.cpp forms them, in f32) |
+| Q5_K | u8, groups of 32, f32 scale d * sc, f32 offset -dmin * m | yes |
+
+The K-quants' products keep f32: rounded to f16 (11 bits; d has 11 and the sub-scale 6 to 8),
+a Q4_K_M file written by llama-quantize moved logits by up to 0.07 against transformers' f32
+reading of it and changed greedy tokens (docs/models.md). The CPU plugin turns every scale into
+f32 when it compiles a compressed matmul, so f32 constants cost only the IR's size (+0.5 bit a
+weight on disk), not speed.
 
 Other types (Q2_K, Q3_K, the IQ types, ...) are not kept: `Weights` dequantizes them.
 Offsets do not fit the plugin's compressed-weight pattern; `block_offsets` moves them out of the
@@ -40,8 +47,8 @@ class Blocks:
 
     element: ov.Type  # u4, i4, u8 or i8
     q: np.ndarray  # uint8 (packed 4-bit, or u8) or int8
-    scale: np.ndarray  # float16 [rows, groups, 1]
-    offset: np.ndarray | None = None  # float16 [rows, groups, 1]
+    scale: np.ndarray  # float16 or float32 [rows, groups, 1]
+    offset: np.ndarray | None = None  # as scale
 
     @property
     def group(self) -> int:
@@ -101,15 +108,14 @@ def _q8_0(b: np.ndarray) -> Blocks:
 
 
 def _k_scales(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K/Q5_K super-block header -> per-sub-block scale d * sc and offset -dmin * m, f16 [..., 8, 1]."""
+    """Q4_K/Q5_K super-block header -> per-sub-block scale d * sc and offset -dmin * m, f32 [..., 8, 1]
+    (exact: f16 times a 6-bit integer)."""
     d, dmin = _f16(b[..., 0:2]).astype(np.float32), _f16(b[..., 2:4]).astype(np.float32)
     s = b[..., 4:16]
     lo, hi, mixed = s[..., 0:4], s[..., 4:8], s[..., 8:12]
     sc = np.concatenate([lo & 0x3F, (mixed & 0x0F) | ((lo >> 2) & 0x30)], axis=-1)
     m = np.concatenate([hi & 0x3F, (mixed >> 4) | ((hi >> 2) & 0x30)], axis=-1)
-    scale = (d * sc.astype(np.float32))[..., None].astype(np.float16)
-    offset = (-dmin * m.astype(np.float32))[..., None].astype(np.float16)
-    return scale, offset
+    return (d * sc.astype(np.float32))[..., None], (-dmin * m.astype(np.float32))[..., None]
 
 
 def _q4_k(b: np.ndarray) -> Blocks:
@@ -141,7 +147,7 @@ def _q6_k(b: np.ndarray) -> Blocks:
     q = ((low | (high << 4)).astype(np.int8) - 32).reshape(*lead, 16, 16)
     sub = b[..., 192:208].view(np.int8).astype(np.float32)
     d = _f16(b[..., 208:210]).astype(np.float32)
-    return Blocks(ov.Type.i8, q, (d * sub)[..., None].astype(np.float16))
+    return Blocks(ov.Type.i8, q, (d * sub)[..., None])
 
 
 # ggml type -> unpacker of raw blocks [rows, blocks, bytes per block] into one group layout.

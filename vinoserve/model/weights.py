@@ -83,10 +83,11 @@ class Weights:
         return in_memory_constant(data, element, name)
 
     def _blocks(self, b: Blocks, name: str) -> ov.Output:
-        """q -> Convert(f16) -> Multiply(scale) [-> Add(offset)] -> Reshape [rows, K] -> Convert(f32).
+        """q -> Convert(scale's type) -> Multiply(scale) [-> Add(offset)] -> Reshape [rows, K] -> Convert(f32).
         The Add is not the plugin's pattern: block_offsets splits it off at load time."""
         q = self._constant(b.q, b.element, name)
-        x = ops.multiply(ops.convert(q, ov.Type.f16), self._constant(b.scale, name=f"{name}/scale"))
+        wide = ov.Type.f32 if b.scale.dtype == np.float32 else ov.Type.f16
+        x = ops.multiply(ops.convert(q, wide), self._constant(b.scale, name=f"{name}/scale"))
         if b.offset is not None:
             x = ops.add(x, self._constant(b.offset, name=f"{name}/offset"))
         x = ops.reshape(x, _const(b.shape), special_zero=False)
