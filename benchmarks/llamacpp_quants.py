@@ -10,6 +10,11 @@ each file in vinoserve and transformers.
     python benchmarks/llamacpp_quants.py --llamacpp /work/llamacpp-src \
         --quantize /work/llamacpp-src/build/bin/llama-quantize --out /tmp/kq [--family qwen3 ...]
 
+`--ci-fixture FILE` instead writes tests/data's small K-quant file: a tiny Llama with the tests'
+260-token vocabulary (tests/gguf_fixtures.py writes its f16 GGUF as the converter would; a real
+vocabulary alone would be megabytes), quantized by llama-quantize as Q4_K_M with ffn_up as Q5_K
+so that each K-quant type is in it.
+
 Needs the test extras (torch, transformers). Hidden and intermediate sizes are multiples of 256
 (the K-quants' super-block) except in `gemma3-1152`, shaped like Gemma 3 1B's hidden 1152
 (4.5 x 256): llama-quantize falls back to another type for rows 256 does not divide.
@@ -121,14 +126,28 @@ def _short(names: list[str]) -> list[str]:
     return [f"{k}[{','.join(v)}]" if v else k for k, v in kinds.items()]
 
 
+def ci_fixture(binary: Path, target: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from gguf_fixtures import tiny_hf_model, write_gguf
+    f16 = target.with_suffix(".f16.gguf")
+    write_gguf(tiny_hf_model("llama", hidden=256, intermediate=512, heads=4, kv_heads=2, layers=2), f16)
+    subprocess.run([str(binary), "--tensor-type", "ffn_up=q5_k", str(f16), str(target), "Q4_K_M"], check=True,
+                   capture_output=True)
+    f16.unlink()
+    print(f"{target}: {target.stat().st_size / 1e6:.2f} MB; {type_mix(target)}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--llamacpp", type=Path, required=True, help="llama.cpp source tree (convert_hf_to_gguf.py)")
+    p.add_argument("--llamacpp", type=Path, help="llama.cpp source tree (convert_hf_to_gguf.py)")
     p.add_argument("--quantize", type=Path, required=True, help="the llama-quantize binary")
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path)
     p.add_argument("--family", action="append", choices=FAMILIES, help="default: all")
     p.add_argument("--types", nargs="+", default=list(TYPES))
+    p.add_argument("--ci-fixture", type=Path, help="write only the tests' small Q4_K_M file, here")
     args = p.parse_args()
+    if args.ci_fixture:
+        return ci_fixture(args.quantize, args.ci_fixture)
     for name in args.family or FAMILIES:
         hf_dir = save_hf_model(name, args.llamacpp, args.out / name / "hf")
         f16 = args.out / name / f"{name}-F16.gguf"
