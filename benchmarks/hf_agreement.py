@@ -122,12 +122,20 @@ def compare_tokenizers(loaded, hf_tok) -> bool:
         print(f"  tokens {'equal' if same else 'DIFFER'} ({len(theirs)} ids): {text[:40]!r}"
               + ("" if same else f"\n    vinoserve {ours}\n    hf        {theirs}"))
     if loaded.tokenizer.chat_template:
-        ours = loaded.tokenizer.apply_chat_template(MESSAGES)
-        theirs = hf_tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+        ours = _rendered(lambda: loaded.tokenizer.apply_chat_template(MESSAGES))
+        theirs = _rendered(lambda: hf_tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True))
         ok &= ours == theirs
         print(f"  chat template rendering {'equal' if ours == theirs else 'DIFFERS'} ({len(theirs)} chars)"
               + ("" if ours == theirs else f"\n    vinoserve {ours!r}\n    hf        {theirs!r}"))
     return ok
+
+
+def _rendered(render) -> str:
+    """The prompt, or that the template refused (Gemma's refuses a system turn): both count."""
+    try:
+        return render()
+    except Exception as e:  # jinja2's error in HF, ours wraps it
+        return f"refused: {str(e).removeprefix('chat template failed: ')}"
 
 
 def main() -> int:
