@@ -23,6 +23,9 @@ import openvino.opset13 as ops
 HIDDEN, INTERMEDIATE, GROUP = 1536, 8960, 32
 LAYOUTS = ("i4", "u4", "u4-scalar-zp", "i4+min-correction", "i8", "u8-row-zp", "u4-f16-zp", "u4-u4-zp",
            "u4-u8-zp", "f16")
+# Not in the default set: `-f32-scale` after i4/u4/i8 (as in "u4-f32-scale+min-correction", Q4_K
+# as `auto` keeps it) makes the scales and the min correction's offsets f32 constants, and the
+# decompression f32 throughout.
 
 
 class Builder:
@@ -43,7 +46,11 @@ class Builder:
             return ops.convert(ops.constant(self.rng.standard_normal((rows, cols), np.float32).astype(np.float16)),
                                ov.Type.f32).output(0)
         groups = cols // GROUP
-        scale = ops.constant((self.rng.random((rows, groups, 1), np.float32) * 0.01 + 0.001).astype(np.float16))
+        wide = "-f32-scale" in layout
+        layout = layout.replace("-f32-scale", "")
+        scale = (self.rng.random((rows, groups, 1), np.float32) * 0.01 + 0.001).astype(np.float32 if wide else np.float16)
+        scale = ops.constant(scale)
+        dtype = ov.Type.f32 if wide else ov.Type.f16
         if layout == "u8-row-zp":
             q = ops.constant(self.rng.integers(0, 256, (rows, cols), dtype=np.uint8))
             zp = ops.constant(self.rng.integers(100, 150, (rows, 1), dtype=np.uint8))
@@ -51,10 +58,10 @@ class Builder:
             x = ops.multiply(ops.subtract(ops.convert(q, ov.Type.f16), ops.convert(zp, ov.Type.f16)), s)
             return ops.convert(x, ov.Type.f32).output(0)
         if layout == "i8":
-            q = ops.convert(ops.constant(self.rng.integers(-128, 128, (rows, groups, GROUP), dtype=np.int8)), ov.Type.f16)
+            q = ops.convert(ops.constant(self.rng.integers(-128, 128, (rows, groups, GROUP), dtype=np.int8)), dtype)
         else:
             q = ops.convert(self._packed(ov.Type.i4 if layout.startswith("i4") else ov.Type.u4, [rows, groups, GROUP]),
-                            ov.Type.f16)
+                            dtype)
         zp = self._zero_point(layout, rows, groups)
         x = ops.multiply(q if zp is None else ops.subtract(q, zp), scale)
         x = ops.reshape(x, ops.constant(np.array([rows, cols], dtype=np.int64)), special_zero=False)
@@ -79,7 +86,8 @@ class Builder:
         if layout.endswith("+min-correction"):  # what block_offsets.py adds for a block's min
             sums = ops.reduce_sum(ops.reshape(x, ops.constant(np.array([0, 0, cols // GROUP, GROUP])), special_zero=True),
                                   ops.constant(np.array([-1])), False)
-            offsets = ops.convert(ops.constant((self.rng.random((rows, cols // GROUP)) * 0.01).astype(np.float16)),
+            offsets = (self.rng.random((rows, cols // GROUP)) * 0.01).astype(np.float16)
+            offsets = ops.convert(ops.constant(offsets.astype(np.float32) if "-f32-scale" in layout else offsets),
                                   ov.Type.f32)
             y = ops.add(y, ops.matmul(sums, offsets, False, True))
         return y.output(0)

@@ -17,7 +17,7 @@ from vinoserve.model.storage import atomic_dir, cache_root, sha256_file
 from vinoserve.model.weights import WeightFormat, Weights
 
 # Bump when the graph or the directory layout changes, so stale conversions are not reused.
-CONVERTER_VERSION = 5
+CONVERTER_VERSION = 6
 
 
 def converted_dir(gguf_path: Path, weight_format: WeightFormat, log=print) -> Path:
