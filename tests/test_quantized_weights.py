@@ -176,7 +176,7 @@ def test_requantizing_a_slice_of_rows_at_a_time_gives_the_whole_tensors_bytes(mo
     """int8 and int4 dequantize a few rows at a time (an 8B token table in f32 would be 2.1 GB);
     rows are independent, so the constants are those of the whole tensor at once."""
     from vinoserve.model import weights
-    from vinoserve.model.gguf_loader import GGUFTensor
+    from vinoserve.model.gguf_file import GGUFTensor
 
     x = np.random.default_rng(0).normal(0, 0.02, (37, 64)).astype(np.float32)
     t = GGUFTensor("w", T.Q4_1, gguf.quants.quantize(x, T.Q4_1), x.shape)

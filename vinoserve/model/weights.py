@@ -24,7 +24,7 @@ import openvino.opset13 as ops
 
 from vinoserve.model import quantized
 from vinoserve.model.constant_store import ConstantStore, in_memory_constant
-from vinoserve.model.gguf_loader import GGUFTensor
+from vinoserve.model.gguf_file import GGUFTensor
 from vinoserve.model.quantized import Blocks
 
 WeightFormat = Literal["auto", "int4", "int8", "f16", "f32"]
