@@ -42,9 +42,11 @@ def test_message_stop_reasons(events, finish, context_bound, reason, stop):
 def test_message_blocks_in_order_and_a_cut_call_input():
     m = _message([ReasoningDelta("hm"), TextDelta("a"), ToolCallStart(0, "c1", "f"), ToolCallDelta(0, '{"x": 1}'),
                   ToolCallStart(1, "c2", "g"), ToolCallDelta(1, '{"y": ')], Finish("length"))
+    ids = [b.get("id") for b in m["content"]]
+    assert all(i.startswith("toolu_") for i in ids[2:]) and ids[2] != ids[3]  # Anthropic's, not the format's c1
     assert m["content"] == [{"type": "thinking", "thinking": "hm", "signature": ""}, {"type": "text", "text": "a"},
-                            {"type": "tool_use", "id": "c1", "name": "f", "input": {"x": 1}},
-                            {"type": "tool_use", "id": "c2", "name": "g", "input": {}}]
+                            {"type": "tool_use", "id": ids[2], "name": "f", "input": {"x": 1}},
+                            {"type": "tool_use", "id": ids[3], "name": "g", "input": {}}]
 
 
 def test_response_items_and_events_agree():

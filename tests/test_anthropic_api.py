@@ -6,6 +6,7 @@ this SDK no longer sends temperature.)"""
 from __future__ import annotations
 
 import json
+import re
 
 import anthropic
 import httpx
@@ -52,6 +53,7 @@ def test_create_is_the_chat_reply(api_server, api_client):
     raw = httpx.post(f"{api_server.url}/v1/messages", json=body, headers={"anthropic-version": "2023-06-01"},
                      timeout=120).json()
     m = Message.model_validate(raw)
+    assert re.fullmatch("msg_[0-9a-f]{24}", m.id), m.id  # Anthropic's prefix: clients match on it
     chat = _chat(api_client, [{"role": "system", "content": "You are a geography teacher."}, *ASK], max_tokens=30)
     assert [b.type for b in m.content] == ["text"] and m.content[0].text == chat.choices[0].message.content
     assert m.usage.input_tokens + m.usage.cache_read_input_tokens == chat.usage.prompt_tokens
@@ -65,6 +67,7 @@ def test_stream_reassembles_into_the_whole_reply(api_server, claude):
     events = _events(api_server, body)
     kinds = [e["type"] for e in events]
     assert kinds[:3] == ["message_start", "ping", "content_block_start"]
+    assert events[0]["message"]["id"].startswith("msg_") and events[0]["message"]["id"] != whole["id"]
     assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
     assert set(kinds[3:-3]) == {"content_block_delta"}
     assert "".join(e["delta"]["text"] for e in events[3:-3]) == whole["content"][0]["text"]
@@ -98,10 +101,12 @@ def test_tool_use_stream_and_round_trip(api_server, api_client, claude):
     m = Message.model_validate(httpx.post(f"{api_server.url}/v1/messages", json=body, timeout=120).json())
     [call] = m.content
     assert call.type == "tool_use" and call.name == "get_weather" and m.stop_reason == "tool_use"
+    assert re.fullmatch("toolu_[0-9a-f]{24}", call.id) and m.id.startswith("msg_"), (call.id, m.id)
     jsonschema.validate(call.input, SCHEMA)
     events = _events(api_server, body)
     assert events[2]["content_block"] == {"type": "tool_use", "id": events[2]["content_block"]["id"],
                                           "name": "get_weather", "input": {}}
+    assert events[2]["content_block"]["id"].startswith("toolu_")
     streamed = "".join(e["delta"]["partial_json"] for e in events if e["type"] == "content_block_delta")
     assert json.loads(streamed) == call.input and events[-2]["delta"]["stop_reason"] == "tool_use"
     # The result goes back in a tool_result block; is_error marks it. The prompt is the chat one.

@@ -9,7 +9,8 @@ import torch
 from gguf_fixtures import FAMILIES, family_gguf, tiny_hf_model, write_gguf
 from vinoserve.cache.kv_cache import KVCache
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
-from vinoserve.model.gguf_loader import GGUFModel, GGUFTensor
+from vinoserve.model.gguf_file import GGUFTensor
+from vinoserve.model.gguf_loader import GGUFModel
 from vinoserve.model.graph import build_model
 from vinoserve.model.paged import CompileOptions, compile_paged
 from vinoserve.model.rope import RopeConfig

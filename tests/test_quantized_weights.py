@@ -168,3 +168,24 @@ def test_engine_keeps_no_resident_pages_of_the_ir_weights(tmp_path):
     weights = engine.model.path / "openvino_model.bin"
     assert weights.stat().st_size > 32 << 10
     assert _resident_kib(weights) == 0
+
+
+def test_requantizing_a_slice_of_rows_at_a_time_gives_the_whole_tensors_bytes(monkeypatch):
+    """int8 and int4 dequantize a few rows at a time (an 8B token table in f32 would be 2.1 GB);
+    rows are independent, so the constants are those of the whole tensor at once."""
+    from vinoserve.model import weights
+    from vinoserve.model.gguf_file import GGUFTensor
+
+    x = np.random.default_rng(0).normal(0, 0.02, (37, 64)).astype(np.float32)
+    t = GGUFTensor("w", T.Q4_1, gguf.quants.quantize(x, T.Q4_1), x.shape)
+    monkeypatch.setattr(weights, "_ROWS_PER_REQUANT", 8)  # 5 slices, the last a short one
+
+    def constants(out: ov.Output) -> list[bytes]:
+        model = ov.Model([ov.opset13.result(out)], [])
+        return [op.get_data().tobytes() for op in model.get_ordered_ops()  # the weights', not shapes
+                if op.get_type_name() == "Constant" and op.get_output_element_type(0) != ov.Type.i64]
+
+    q, zp, scale = weights._int8_rows(t.dequantize())  # the whole tensor at once
+    assert constants(weights.Weights("int8").matrix(t, "w")) == [q.tobytes(), zp.tobytes(), scale.tobytes()]
+    whole = quantized.unpack(T.Q4_0, gguf.quants.quantize(t.dequantize(), T.Q4_0))
+    assert constants(weights.Weights("int4").matrix(t, "w")) == [whole.q.tobytes(), whole.scale.tobytes()]

@@ -24,7 +24,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="CPU")
     p.add_argument("--inference-precision", choices=("f32", "bf16", "f16"), default=None,
-                   help="default: the device's fastest")
+                   help="default: the device's fastest (f16 is refused on CPU: docs/performance.md)")
     p.add_argument("--kv-cache-precision", choices=("f32", "f16", "bf16", "u8", "u4"), default=None,
                    help="default: u8 with the decode model, else bf16 where compute runs in bf16 on CPU, "
                         "else the device's choice")
@@ -126,6 +126,7 @@ def _engine_config(args: argparse.Namespace):
     from vinoserve.engine.llm_engine import EngineConfig
     from vinoserve.engine.speculative import SpeculativeConfig
     from vinoserve.model.paged import CompileOptions
+    from vinoserve.model.precision import check_inference_precision
     from vinoserve.scheduler.scheduler import SchedulerConfig
 
     eviction = None
@@ -144,6 +145,7 @@ def _engine_config(args: argparse.Namespace):
         speculative=SpeculativeConfig.parse(args.speculative_config) if args.speculative_config else None,
     )
     _ = config.prefix_caching  # a ValueError now, not once the server is up, for flags that conflict
+    check_inference_precision(config.compile)
     return config
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from vinoserve.model import default_model
 from vinoserve.model.errors import ModelLoadError
-from vinoserve.model.gguf_loader import open_gguf
+from vinoserve.model.gguf_file import open_gguf
 
 GENERATION_CONFIG_MODES = ("auto", "vinoserve")  # or a directory with a generation_config.json
 # generation_config.json key -> request field; max_new_tokens is HF's name for max_tokens.

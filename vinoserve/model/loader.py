@@ -12,6 +12,7 @@ from vinoserve.model.convert import converted_dir
 from vinoserve.model.errors import ModelLoadError, last_line
 from vinoserve.model.weights import WeightFormat
 from vinoserve.model.paged import CompileOptions, PagedModel, compile_paged
+from vinoserve.model.precision import check_inference_precision
 from vinoserve.model.spec import ModelSpec, read_config
 from vinoserve.model.tokenizer import DETOKENIZER_XML, TOKENIZER_XML, Tokenizer
 
@@ -44,6 +45,7 @@ class LoadedModel:
 
 def load_model(model: str | None = None, options: CompileOptions = CompileOptions(),
                weight_format: WeightFormat = "auto", log=print) -> LoadedModel:
+    check_inference_precision(options)  # before a conversion that may take a minute
     path = resolve_model_dir(model, weight_format, log)
     config = read_config(path)  # what can be missing is found before the compile, which takes a while
     core = ov.Core()

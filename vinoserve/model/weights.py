@@ -14,6 +14,7 @@ its matmuls. Formats:
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Literal
 
 import gguf
@@ -23,14 +24,16 @@ import openvino.opset13 as ops
 
 from vinoserve.model import quantized
 from vinoserve.model.constant_store import ConstantStore, in_memory_constant
-from vinoserve.model.gguf_loader import GGUFTensor
+from vinoserve.model.gguf_file import GGUFTensor
 from vinoserve.model.quantized import Blocks
 
 WeightFormat = Literal["auto", "int4", "int8", "f16", "f32"]
 WEIGHT_FORMATS: tuple[str, ...] = ("auto", "int4", "int8", "f16", "f32")
 
 _T = gguf.GGMLQuantizationType
-_ROWS_PER_REQUANT = 4096  # rows dequantized at a time when requantizing (int4): bounds the f32 temporaries
+# Rows dequantized at a time when requantizing (int4, int8): bounds the f32 temporaries, which for
+# a whole 8B token table would be 2.1 GB each.
+_ROWS_PER_REQUANT = 4096
 
 
 def _const(value, dtype=np.int64) -> ov.Output:
@@ -57,7 +60,7 @@ class Weights:
         if self.fmt == "int4":
             return self._blocks(_requantize(t, _T.Q4_0), name)
         if self.fmt == "int8":
-            return self._int8(t.dequantize(), name)
+            return self._int8(t, name)
         return self._float(t.dequantize(), name)
 
     def table(self, t: GGUFTensor, name: str) -> ov.Output:
@@ -98,20 +101,30 @@ class Weights:
             return self._constant(w.astype(np.float32), name=name).output(0)
         return ops.convert(self._constant(w.astype(np.float16), name=name), ov.Type.f32).output(0)
 
-    def _int8(self, w: np.ndarray, name: str) -> ov.Output:
-        # Asymmetric per-output-row u8, the pattern OpenVINO's CPU/GPU plugins fuse into matmuls.
-        # The range must contain 0 so the zero point is representable; quantize with the f16
-        # scale the graph will hold, not the f32 one.
-        lo = np.minimum(w.min(axis=1, keepdims=True), 0.0)
-        hi = np.maximum(w.max(axis=1, keepdims=True), 0.0)
-        scale = (np.maximum(hi - lo, 1e-6) / 255.0).astype(np.float16)
-        s32 = scale.astype(np.float32)
-        zp = np.clip(np.round(-lo / s32), 0, 255)
-        q = np.clip(np.round(w / s32) + zp, 0, 255).astype(np.uint8)
+    def _int8(self, t: GGUFTensor, name: str) -> ov.Output:
+        """Asymmetric per-output-row u8, the pattern OpenVINO's CPU/GPU plugins fuse into matmuls;
+        rows are independent, so a slice of rows at a time gives the same bytes."""
+        rows = t.shape[0]
+        q, zp, scale = np.empty(t.shape, np.uint8), np.empty((rows, 1), np.uint8), np.empty((rows, 1), np.float16)
+        for s, w in _row_chunks(t):
+            q[s], zp[s], scale[s] = _int8_rows(w)
         qc = ops.convert(self._constant(q, name=name), ov.Type.f16)
-        zc = ops.convert(self._constant(zp.astype(np.uint8), name=f"{name}/zero_point"), ov.Type.f16)
+        zc = ops.convert(self._constant(zp, name=f"{name}/zero_point"), ov.Type.f16)
         sc = self._constant(scale, name=f"{name}/scale")
         return ops.convert(ops.multiply(ops.subtract(qc, zc), sc), ov.Type.f32).output(0)
+
+
+def _int8_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """u8 values, zero point and f16 scale of each row of `w`. The range must contain 0 so the
+    zero point is representable; values are quantized with the f16 scale the graph will hold,
+    not the f32 one."""
+    lo = np.minimum(w.min(axis=1, keepdims=True), 0.0)
+    hi = np.maximum(w.max(axis=1, keepdims=True), 0.0)
+    scale = (np.maximum(hi - lo, 1e-6) / 255.0).astype(np.float16)
+    s32 = scale.astype(np.float32)
+    zp = np.clip(np.round(-lo / s32), 0, 255)
+    q = np.clip(np.round(w / s32) + zp, 0, 255).astype(np.uint8)
+    return q, zp.astype(np.uint8), scale
 
 
 def _requantize(t: GGUFTensor, target: gguf.GGMLQuantizationType) -> Blocks:
@@ -119,10 +132,11 @@ def _requantize(t: GGUFTensor, target: gguf.GGMLQuantizationType) -> Blocks:
     quantized by gguf-py (llama.cpp's rounding), a slice of rows at a time."""
     if t.ggml_type == target:
         return quantized.unpack(target, t.data)
-    rows = t.shape[0]
-    parts = []
-    for start in range(0, rows, _ROWS_PER_REQUANT):
-        chunk = GGUFTensor(t.name, t.ggml_type, t.data[start:start + _ROWS_PER_REQUANT],
-                           (min(rows, start + _ROWS_PER_REQUANT) - start, *t.shape[1:]), t.path)
-        parts.append(gguf.quants.quantize(chunk.dequantize(), target))
-    return quantized.unpack(target, np.concatenate(parts))
+    return quantized.unpack(target, np.concatenate([gguf.quants.quantize(w, target) for _, w in _row_chunks(t)]))
+
+
+def _row_chunks(t: GGUFTensor) -> Iterator[tuple[slice, np.ndarray]]:
+    """`t`'s rows as f32 values, a slice of rows at a time (rows are whole quant blocks)."""
+    for start in range(0, t.shape[0], _ROWS_PER_REQUANT):
+        s = slice(start, min(t.shape[0], start + _ROWS_PER_REQUANT))
+        yield s, t.rows(s.start, s.stop).dequantize()

@@ -13,6 +13,7 @@ is measured by benchmarks/grammar_masks.py.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ import llguidance.numpy
 from llguidance.gbnf_to_lark import any_to_lark
 import numpy as np
 
+_log = logging.getLogger(__name__)
 KINDS = ("json_schema", "regex", "choice", "lark", "composed")
 _CACHE_SIZE = 256
 # How JSON is written under a schema (llguidance's options; in Lark, a `%json` schema's "x-guidance"):
@@ -127,6 +129,8 @@ class GrammarCompiler:
         matcher = llguidance.LLMatcher(tokenizer, text, log_level=0)
         if matcher.is_error():
             raise ValueError(matcher.get_error())
+        for warning in matcher.get_grammar_warnings():  # once per grammar: later requests hit the cache
+            _log.warning("grammar compiled without what llguidance cannot enforce: %s", warning)
         with self._lock:
             self._compiled[spec] = matcher
             while len(self._compiled) > _CACHE_SIZE:

@@ -69,7 +69,8 @@ class Scheduler:
             if seq.ends_with_pending:  # finishes once the step in flight samples it
                 i += 1
                 continue
-            self.blocks.release_behind(seq.block_tables, seq.num_computed_tokens)
+            if self.blocks.window:  # 0.3-0.4 us a sequence a step for nothing without one
+                self.blocks.release_behind(seq.block_tables, seq.num_computed_tokens)
             n = min(seq.num_uncomputed_tokens, budget)
             drafts = self._fit_drafts(seq, n, budget)
             if not self._make_room(seq, n + drafts, out):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from pydantic import ValidationError
 
+from vinoserve.scheduler.grammar import GrammarSpec
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.server.echo import PromptScoring, prompt_scoring
 from vinoserve.server.errors import APIError, invalid
@@ -76,6 +77,9 @@ async def prepare_chat(serving: Serving, req: ChatCompletionRequest) -> Prepared
     if tools is not None:
         if found is not None:
             raise APIError(400, f"{found[1]} cannot be combined with tools (unless tool_choice is none)", found[1])
+        for f in tools.strict:  # held to the whole schema: what llguidance cannot enforce is a 400
+            schema = GrammarSpec.json_schema(f.get("parameters") or {"type": "object"})
+            await compile_grammar(serving.engine.grammars, schema, "tools", f"tools ({f['name']} is strict)")
         spec = setup.tool_format.grammar(tools)
         found = (spec, "tools") if spec is not None else None
     grammar = None

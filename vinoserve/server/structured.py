@@ -73,12 +73,12 @@ def _structured_outputs(so: dict, param: str = "structured_outputs") -> list[Gra
     return specs
 
 
-async def compile_grammar(compiler: GrammarCompiler, spec: GrammarSpec, param: str) -> None:
+async def compile_grammar(compiler: GrammarCompiler, spec: GrammarSpec, param: str, what: str | None = None) -> None:
     """Compile in a worker thread (the cache makes the engine's own lookup free); 400 if it cannot."""
     try:
         await asyncio.to_thread(compiler.compile, spec)
     except ValueError as e:
-        raise APIError(400, f"invalid {param}: {e}", param) from e
+        raise APIError(400, f"invalid {what or param}: {e}", param) from e
 
 
 async def grammar_for(req, compiler: GrammarCompiler) -> GrammarSpec | None:

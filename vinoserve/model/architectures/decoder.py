@@ -9,7 +9,7 @@ business); norms and biases are read as float32.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import openvino as ov
@@ -18,14 +18,12 @@ import openvino.opset13 as ops
 from vinoserve.model import blocks
 from vinoserve.model.config import ModelConfig
 from vinoserve.model.errors import ModelLoadError
+from vinoserve.model.gguf_file import GGUFMeta, GGUFTensor
 from vinoserve.model.rope import RopeConfig
-
-if TYPE_CHECKING:
-    from vinoserve.model.gguf_loader import GGUFMeta, GGUFTensor
-    from vinoserve.model.weights import Weights
+from vinoserve.model.weights import Weights
 
 # name -> the tensor as the file holds it, rows in HF order; GGUF names (blk.N.attn_q.weight, ...).
-WeightSource = Callable[[str], "GGUFTensor"]
+WeightSource = Callable[[str], GGUFTensor]
 
 
 class Decoder:

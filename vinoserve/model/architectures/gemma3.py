@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING
-
 import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
@@ -18,10 +16,8 @@ from vinoserve.model import blocks
 from vinoserve.model.architectures.decoder import Decoder
 from vinoserve.model.config import ModelConfig
 from vinoserve.model.errors import ModelLoadError
+from vinoserve.model.gguf_file import GGUFMeta
 from vinoserve.model.rope import RopeConfig
-
-if TYPE_CHECKING:
-    from vinoserve.model.gguf_loader import GGUFMeta
 
 _PATTERN = 6  # every 6th layer global, llama.cpp's and HF's default for Gemma 3
 _LOCAL_ROPE_BASE = 10000.0

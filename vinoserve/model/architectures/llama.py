@@ -2,13 +2,9 @@
 the common decoder. llama.cpp's converter permutes Q/K rows for its GPT-J-style RoPE."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from vinoserve.model.architectures.decoder import Decoder
 from vinoserve.model.config import ModelConfig
-
-if TYPE_CHECKING:
-    from vinoserve.model.gguf_loader import GGUFTensor
+from vinoserve.model.gguf_file import GGUFTensor
 
 
 class Llama(Decoder):

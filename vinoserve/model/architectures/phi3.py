@@ -5,18 +5,14 @@ model has one shorter than its context (Phi-3-mini-4k: 2047; llama.cpp ignores i
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
-
 import numpy as np
 import openvino as ov
 
 from vinoserve.model import blocks
 from vinoserve.model.architectures.decoder import Decoder
 from vinoserve.model.config import ModelConfig
+from vinoserve.model.gguf_file import GGUFMeta
 from vinoserve.model.rope import RopeConfig, longrope
-
-if TYPE_CHECKING:
-    from vinoserve.model.gguf_loader import GGUFMeta
 
 
 class Phi3(Decoder):

@@ -3,17 +3,24 @@ ping, content_block_start / _delta / _stop, message_delta, message_stop). A whol
 builder with its events dropped, so a stream reassembles into exactly the reply it would have been.
 
 Reasoning becomes a `thinking` block (with an empty signature: nothing here signs it), answer text
-a `text` block, each tool call a `tool_use` block whose input streams as input_json_delta."""
+a `text` block, each tool call a `tool_use` block whose input streams as input_json_delta.
+Ids carry Anthropic's prefixes (`msg_`, `toolu_`): clients and SDK helpers match on them."""
 from __future__ import annotations
 
 import copy
 import json
+import uuid
 
 from vinoserve.server.anthropic.errors import anthropic_error
 from vinoserve.server.errors import failure
 from vinoserve.server.events import Finish, ReasoningDelta, Step, TextDelta, ToolCallDelta, ToolCallStart, Usage
 
 Event = tuple[str, dict]  # (event name, data)
+
+
+def anthropic_id(prefix: str) -> str:
+    """As Anthropic spells them: `msg_...`, `toolu_...` (an underscore, where OpenAI's have a dash)."""
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
 class MessageBuilder:
@@ -95,7 +102,8 @@ class MessageBuilder:
             block = {"type": "text", "text": ""}
         else:
             self.calls[call.call_index], self.arguments[index] = index, ""
-            block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
+            # The tool format's own id (call_..., Mistral's 9 characters) is not Anthropic's.
+            block = {"type": "tool_use", "id": anthropic_id("toolu"), "name": call.name, "input": {}}
         self.content.append(block)
         return events + [("content_block_start", {"type": "content_block_start", "index": index,
                                                   "content_block": dict(block)})]

@@ -67,6 +67,7 @@ class Tool(_Request):
     name: str
     description: str | None = None
     input_schema: dict
+    strict: bool | None = None  # true: held to the whole schema or refused (tools compile leniently otherwise)
 
 
 class ToolChoice(_Request):
@@ -148,7 +149,8 @@ def chat_fields(body: MessagesRequest, reasons: bool) -> dict:
               **body.model_dump(include={"temperature", "top_p", "top_k"}, exclude_none=True)}
     if body.tools:
         fields["tools"] = [{"type": "function", "function": {
-            "name": t.name, "parameters": t.input_schema, **({"description": t.description} if t.description else {})}}
+            "name": t.name, "parameters": t.input_schema, **({"description": t.description} if t.description else {}),
+            **({"strict": t.strict} if t.strict is not None else {})}}
             for t in body.tools]
     if body.tool_choice is not None:
         fields["tool_choice"], fields["parallel_tool_calls"] = _tool_choice(body.tool_choice)

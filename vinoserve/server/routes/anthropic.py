@@ -12,13 +12,12 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from vinoserve.server.anthropic.render import MessageBuilder
+from vinoserve.server.anthropic.render import MessageBuilder, anthropic_id
 from vinoserve.server.anthropic.request import CountTokensRequest, MessagesRequest, chat_fields
 from vinoserve.server.builders import built, streamed
 from vinoserve.server.chat_prep import chat_prompt_text, chat_request, prepare_chat
 from vinoserve.server.delivery import event_stream_response, sse, unless_disconnected
 from vinoserve.server.errors import APIError, renamed
-from vinoserve.server.protocol import new_id
 from vinoserve.server.serving import Serving, current
 from vinoserve.server.tools import tool_plan
 
@@ -41,7 +40,7 @@ async def create_message(body: MessagesRequest, raw: Request, serving: Serving =
     except APIError as e:
         raise renamed(e, _FIELDS) from None
     events = serving.events([prepared.prompt], streams, prepared.choice_text)
-    builder = MessageBuilder(new_id("msg"), serving.model_name, len(prepared.prompt),
+    builder = MessageBuilder(anthropic_id("msg"), serving.model_name, len(prepared.prompt),
                              context_bound=params.max_tokens < body.max_tokens)
     if body.stream:
         return event_stream_response(_streamed(builder, events), streams)

@@ -15,7 +15,7 @@ from vinoserve.scheduler.grammar import GrammarSpec
 from vinoserve.server.events import Event, TextDelta, ToolCallDelta, ToolCallStart
 from vinoserve.server.json_spans import JsonSpans, partial_string
 from vinoserve.server.tools.format import ToolCallParser, ToolFormat, history_call, native_messages
-from vinoserve.server.tools.plan import ToolPlan, calls_schema, new_call_id
+from vinoserve.server.tools.plan import LENIENT, ToolPlan, calls_schema, new_call_id
 
 
 class GenericFormat(ToolFormat):
@@ -38,15 +38,16 @@ class GenericFormat(ToolFormat):
 
     def grammar(self, plan: ToolPlan) -> GrammarSpec:
         call = calls_schema(plan.functions)
-        defs = {"$defs": call.pop("$defs")} if "$defs" in call else {}  # referred to from the root
+        root = {"$defs": call.pop("$defs")} if "$defs" in call else {}  # referred to from the root
+        root["x-guidance"] = LENIENT  # see tools/plan.py
         key, value = ("tool_calls", {"type": "array", "items": call, "minItems": 1}) if plan.parallel \
             else ("tool_call", call)
         calls = {"type": "object", "properties": {key: value}, "required": [key], "additionalProperties": False}
         if plan.forced:
-            return GrammarSpec.json_schema({**calls, **defs})
+            return GrammarSpec.json_schema({**calls, **root})
         answer = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"],
                   "additionalProperties": False}
-        return GrammarSpec.json_schema({"anyOf": [calls, answer], **defs})
+        return GrammarSpec.json_schema({"anyOf": [calls, answer], **root})
 
     def parser(self, plan: ToolPlan) -> GenericParser:
         return GenericParser(plan)

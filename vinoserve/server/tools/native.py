@@ -18,7 +18,7 @@ from vinoserve.server.events import Event, TextDelta, ToolCallDelta, ToolCallSta
 from vinoserve.server.json_spans import JsonSpans
 from vinoserve.server.reasoning import partial_suffix
 from vinoserve.server.tools.format import ToolCallParser, ToolFormat, native_messages
-from vinoserve.server.tools.plan import ToolPlan, new_call_id
+from vinoserve.server.tools.plan import LENIENT, ToolPlan, new_call_id
 
 # Free text in an auto reply; llguidance never lets a special token match it.
 TEXT = "TEXT: /(.|\\n)*/"
@@ -45,8 +45,9 @@ class CallSyntax:
 
 
 def json_rule(schema: dict) -> str:
-    """A Lark `%json` rule for `schema`, JSON written as everywhere else in the server."""
-    return "%json " + json.dumps({**schema, "x-guidance": JSON_STYLE})
+    """A Lark `%json` rule for a tool call's `schema`, JSON written as everywhere else in the server,
+    compiled leniently (see tools/plan.py)."""
+    return "%json " + json.dumps({**schema, "x-guidance": {**JSON_STYLE, **LENIENT}})
 
 
 def tagged_grammar(opening: Tag, calls: str, rules: str, forced: bool) -> GrammarSpec:

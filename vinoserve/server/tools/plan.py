@@ -7,11 +7,20 @@ from dataclasses import dataclass
 from vinoserve.server.errors import APIError
 
 
+# Tool parameter schemas compile leniently (llguidance's JSON option): keywords it cannot enforce
+# (propertyNames, uniqueItems, contains, if/then/else, not, ...) are left out of the constraint,
+# with a warning in the log, rather than refusing the request. Agent clients (Claude Code, MCP
+# servers) send them, and the client checks a call's arguments before it runs the tool. A tool
+# marked `strict: true` is held to its whole schema or refused, as response_format is.
+LENIENT = {"lenient": True}
+
+
 @dataclass(frozen=True)
 class ToolPlan:
     functions: tuple[dict, ...]  # the OpenAI function objects the model may call: name, description?, parameters?
     forced: bool  # "required" or a named function: a call must come, and finish_reason stays "stop"
     parallel: bool  # more than one call may come
+    strict: tuple[dict, ...] = ()  # those of `functions` marked strict: true, checked without leniency
 
     def tools_variable(self) -> list[dict]:
         """The `tools` a chat template reads, in OpenAI's request shape."""
@@ -29,7 +38,10 @@ def tool_plan(req) -> ToolPlan | None:
             raise APIError(400, "each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}", "tools")
         if not isinstance(f.get("parameters", {}), dict):
             raise APIError(400, f"tool {f['name']!r}: parameters must be a JSON schema object", "tools")
+        if f.get("strict") not in (None, True, False):
+            raise APIError(400, f"tool {f['name']!r}: strict must be a boolean", "tools")
         functions.append({k: f[k] for k in ("name", "description", "parameters") if k in f})
+    strict = tuple(f for f, t in zip(functions, tools) if t["function"].get("strict"))
     if choice is None:
         choice = "auto" if functions else "none"
     if choice == "none":
@@ -37,13 +49,13 @@ def tool_plan(req) -> ToolPlan | None:
     if not functions:
         raise APIError(400, "tool_choice needs tools", "tool_choice")
     if choice in ("auto", "required"):
-        return ToolPlan(tuple(functions), choice == "required", req.parallel_tool_calls)
+        return ToolPlan(tuple(functions), choice == "required", req.parallel_tool_calls, strict)
     name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
     named = [f for f in functions if f["name"] == name]
     if not named:
         raise APIError(400, f"tool_choice must be none, auto, required or a function among tools; got {choice!r}",
                        "tool_choice")
-    return ToolPlan(tuple(named), True, False)
+    return ToolPlan(tuple(named), True, False, tuple(f for f in strict if f["name"] == name))
 
 
 def call_schema(function: dict, arguments_key: str = "arguments") -> dict:
