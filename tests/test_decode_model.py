@@ -60,7 +60,7 @@ def _copy(cache: KVCache) -> KVCache:
     return copy
 
 
-def test_decode_model_stays_off_where_it_cannot_help(q4_0):
+def test_decode_model_stays_off_where_it_cannot_help(q4_0, monkeypatch):
     f16 = build_model(q4_0.config, q4_0.tensor, "f16")
     assert not decode_model.has_low_bit_matmuls(f16)
     assert decode_model.has_low_bit_matmuls(build_model(q4_0.config, q4_0.tensor, "auto"))
@@ -68,6 +68,11 @@ def test_decode_model_stays_off_where_it_cannot_help(q4_0):
     model = compile_paged(build_model(q4_0.config, q4_0.tensor, "auto"),
                           CompileOptions(inference_precision="f32", kv_cache_precision="f32"))
     assert model.decode is None and model.options.decode_model is False
+    # weights above a tenth of the memory keep it off (a server has better use for that memory)
+    graph = build_model(q4_0.config, q4_0.tensor, "auto")
+    assert 0 < decode_model.weight_bytes(graph) < 2**24
+    monkeypatch.setattr(decode_model, "MEMORY_SHARE", 0.0)
+    assert not decode_model.wanted("CPU", "bf16", None, graph)
     # a KV precision the two compilations cannot share keeps it off, or is refused when it is forced
     model = compile_paged(build_model(q4_0.config, q4_0.tensor, "auto"), CompileOptions(kv_cache_precision="f16"))
     assert model.decode is None

@@ -14,7 +14,7 @@ import pytest
 
 from gguf_fixtures import TOKENS, tiny_hf_model, write_gguf
 from server_process import ServerProcess
-from vinoserve.engine.memory import available_memory_bytes, cgroup_room_bytes
+from vinoserve.memory import available_memory_bytes, cgroup_room_bytes, memory_limit_bytes
 
 HERE = Path(__file__).parent
 
@@ -33,6 +33,10 @@ def test_cgroup_v2_limit_minus_working_set(tmp_path):
     assert cgroup_room_bytes(tmp_path / "fs", tmp_path / "proc") == room
     assert available_memory_bytes(tmp_path / "fs", tmp_path / "proc", host_free=64 * 2**30) == room
     assert available_memory_bytes(tmp_path / "fs", tmp_path / "proc", host_free=2**20) == 2**20
+    # the limit itself (what the decode model's `auto` compares weights with), usage not subtracted
+    assert cgroup_room_bytes(tmp_path / "fs", tmp_path / "proc", limits_only=True) == 2 * 2**30
+    assert memory_limit_bytes(tmp_path / "fs", tmp_path / "proc") == 2 * 2**30
+    assert memory_limit_bytes(tmp_path / "fs", tmp_path / "missing") > 2 * 2**30  # the host's
 
 
 def test_cgroup_v2_nested_takes_the_tightest_ancestor_and_max_is_no_limit(tmp_path):

@@ -29,9 +29,9 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
                    help="default: u8 with the decode model, else bf16 where compute runs in bf16 on CPU, "
                         "else the device's choice")
     p.add_argument("--decode-model", choices=("auto", "off"), default="auto",
-                   help="auto: on CPUs computing in bf16 with VNNI, and low-bit weights, steps of up to 3 tokens run "
-                        "on a second compilation (f32, int8 activations): faster single-stream decode for a second "
-                        "packed copy of the weights; the KV cache is then u8")
+                   help="auto: on CPUs computing in bf16 with VNNI, with low-bit weights of at most a tenth of the "
+                        "memory, steps of up to 3 tokens run on a second compilation (f32, int8 activations): faster "
+                        "single-stream decode for a second packed copy of the weights; the KV cache is then u8")
     p.add_argument("--threads", type=int, default=None, help="inference threads (default: all cores)")
     p.add_argument("--kv-cache-size", type=float, default=None, metavar="GB",
                    help="KV cache memory (default: a quarter of the memory available at start, "

@@ -14,7 +14,7 @@ from vinoserve.cache.kv_cache import KVCache, num_blocks_for_bytes
 from vinoserve.cache.prefix_cache import salt_hash
 from vinoserve.engine.draft_proposer import DraftModelProposer
 from vinoserve.engine.evictor import Evictor, SequenceEviction
-from vinoserve.engine.memory import available_memory_bytes
+from vinoserve.memory import available_memory_bytes
 from vinoserve.engine.model_runner import ModelRunner, PreparedStep, ScheduledChunk
 from vinoserve.engine.outputs import RequestMetrics, RequestOutput
 from vinoserve.engine.prompt_logprobs import PromptLogprobs

@@ -10,7 +10,10 @@ Q4_0 `auto`, decode `infer()`: 73 ms against 95 at one sequence; level at four (
 
 So the same graph is compiled twice and the runner sends each step to one of them by its token
 count. Both write one KV cache, which fixes its precision: an f32 kernel reads f32 or u8 blocks, a
-bf16 one bf16 or u8, so the cache is u8. The cost is a second packed copy of the weights.
+bf16 one bf16 or u8, so the cache is u8. The cost is a second packed copy of the weights (1.5B
+Q4_0: +1.0 GiB resident), so `auto` takes it only where that copy is small beside the machine's
+memory (or the container's limit): a server whose weights are a large share of memory has better use for it (KV
+cache), and there several sequences decode at once, where the decode model does not run anyway.
 """
 from __future__ import annotations
 
@@ -18,10 +21,15 @@ from pathlib import Path
 
 import openvino as ov
 
+from vinoserve.memory import memory_limit_bytes
+
 # Steps of at most this many tokens go to the decode model (one to three sequences decoding); at
 # four the bf16 kernels were level or ahead.
 MAX_TOKENS = 3
 KV_PRECISION = "u8"
+# `auto` takes the decode model when the weights are at most this share of the memory: on 24 GiB,
+# up to 3B-sized 4-bit models, not 8B.
+MEMORY_SHARE = 0.1
 _LOW_BIT = {ov.Type.u4, ov.Type.i4, ov.Type.u8, ov.Type.i8}
 
 
@@ -46,11 +54,16 @@ def has_low_bit_matmuls(model: ov.Model) -> bool:
     return False
 
 
+def weight_bytes(model: ov.Model) -> int:
+    return sum(node.get_byte_size() for node in model.get_ordered_ops() if node.get_type_name() == "Constant")
+
+
 def wanted(device: str, compute_precision: str, kv_precision: str | None, model: ov.Model) -> bool:
-    """Where the decode model pays: CPU, bf16 compute, VNNI, low-bit weights, and a KV precision
-    both compilations accept (none asked for, or u8)."""
+    """Where the decode model pays: CPU, bf16 compute, VNNI, low-bit weights, a KV precision
+    both compilations accept (none asked for, or u8), and memory to spare for the second copy."""
     return (device == "CPU" and compute_precision == "bf16" and kv_precision in (None, KV_PRECISION)
-            and cpu_has_vnni() and has_low_bit_matmuls(model))
+            and cpu_has_vnni() and has_low_bit_matmuls(model)
+            and weight_bytes(model) <= MEMORY_SHARE * memory_limit_bytes())
 
 
 def properties(main: dict[str, str]) -> dict[str, str]:

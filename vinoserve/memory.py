@@ -21,9 +21,18 @@ def available_memory_bytes(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = 
     return host if room is None else max(0, min(host, room))
 
 
-def cgroup_room_bytes(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = Path("/proc/self/cgroup")) -> int | None:
+def memory_limit_bytes(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = Path("/proc/self/cgroup")) -> int:
+    """The host's physical memory, or the tightest cgroup limit over this process if smaller."""
+    host = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    room = cgroup_room_bytes(cgroup_root, proc_cgroup, limits_only=True)
+    return host if room is None else min(host, room)
+
+
+def cgroup_room_bytes(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = Path("/proc/self/cgroup"),
+                      limits_only: bool = False) -> int | None:
     """Limit minus working set (usage less reclaimable inactive file cache, as the kubelet counts
-    it) of this process's memory cgroup and each ancestor, the least of them; None without a limit."""
+    it) of this process's memory cgroup and each ancestor, the least of them; None without a limit.
+    `limits_only`: the least limit, usage not subtracted."""
     try:
         lines = proc_cgroup.read_text().splitlines()
     except OSError:
@@ -32,14 +41,15 @@ def cgroup_room_bytes(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = Path(
     for line in lines:
         hid, controllers, path = (line.split(":", 2) + ["", ""])[:3]
         if hid == "0" and controllers == "":  # cgroup v2's unified hierarchy
-            rooms += _rooms(cgroup_root, path, "memory.max", "memory.current", "inactive_file")
+            rooms += _rooms(cgroup_root, path, "memory.max", "memory.current", "inactive_file", limits_only)
         elif "memory" in controllers.split(","):  # cgroup v1's memory controller
             rooms += _rooms(cgroup_root / "memory", path, "memory.limit_in_bytes", "memory.usage_in_bytes",
-                            "total_inactive_file")
+                            "total_inactive_file", limits_only)
     return min(rooms) if rooms else None
 
 
-def _rooms(mount: Path, path: str, limit_file: str, usage_file: str, inactive_key: str) -> list[int]:
+def _rooms(mount: Path, path: str, limit_file: str, usage_file: str, inactive_key: str,
+           limits_only: bool = False) -> list[int]:
     """Room left in each cgroup from `path` up to the mount. Inside a container the mount is the
     container's own cgroup while /proc names the host's path, so the mount itself is read too."""
     dirs, current = [], Path(path.strip() or "/")
@@ -54,6 +64,9 @@ def _rooms(mount: Path, path: str, limit_file: str, usage_file: str, inactive_ke
     for d in dirs:
         limit = _read_int(d / limit_file)
         if limit is None or limit >= 2**60:  # "max", or v1's "unlimited" (a page-rounded 2**63)
+            continue
+        if limits_only:
+            rooms.append(limit)
             continue
         usage = _read_int(d / usage_file) or 0
         rooms.append(limit - max(0, usage - _stat(d / "memory.stat", inactive_key)))
