@@ -29,7 +29,9 @@ CHROMIUM = "/usr/bin/chromium"
 
 @pytest.fixture(scope="module")
 def server(smollm2_gguf):
-    srv = ServerProcess("--api-key", KEY, "--kv-cache-size", "0.5",
+    # Answers are asserted by content: f32, so every CPU computes the same greedy text (at bf16
+    # SmolLM2's first answer token to FRANCE depends on the CPU's rounding).
+    srv = ServerProcess("--api-key", KEY, "--kv-cache-size", "0.5", "--inference-precision", "f32", "--kv-cache-precision", "f32",
                         "--override-generation-config", '{"max_new_tokens": 48}').wait_ready()
     yield srv
     assert srv.terminate() == 0
@@ -163,7 +165,7 @@ def test_terminal_chat_against_a_server(server):
 
 
 def test_terminal_chat_with_the_builtin_engine(smollm2_gguf):
-    child = _spawn_chat("--temperature", "0", "--max-tokens", "32", "--kv-cache-size", "0.1")
+    child = _spawn_chat("--temperature", "0", "--max-tokens", "32", "--kv-cache-size", "0.1", "--inference-precision", "f32", "--kv-cache-precision", "f32")
     assert "Paris" in _turn(child, "What is the capital of France?")
     child.sendline("/exit")
     child.expect(pexpect.EOF, timeout=60)

@@ -56,5 +56,7 @@ def test_logits_close_to_hf_transformers(smollm2, hf_model):
 
 
 def test_cli_generate_streams_the_answer(smollm2_gguf, capfd):
-    assert main(["generate", "--max-tokens", "24", "What is the capital of France?"]) == 0
+    # f32: the answer's first token at bf16 depends on the CPU's rounding
+    assert main(["generate", "--max-tokens", "24", "--inference-precision", "f32", "--kv-cache-precision", "f32",
+                 "What is the capital of France?"]) == 0
     assert "Paris" in capfd.readouterr().out

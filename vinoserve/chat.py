@@ -240,7 +240,11 @@ class _LocalServer:
             if not self.thread.is_alive():
                 raise ModelLoadError(self.failure or "the in-process server did not start")
             time.sleep(0.05)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
+        sockets = [sock for server in self.server.servers for sock in server.sockets]
+        if not sockets:  # closed as soon as it started: the model failed to load meanwhile
+            self.thread.join(30)
+            raise ModelLoadError(self.failure or "the in-process server did not start")
+        port = sockets[0].getsockname()[1]
         url = f"http://127.0.0.1:{port}"
         while self.failure is None:
             try:
