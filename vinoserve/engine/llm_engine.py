@@ -147,10 +147,9 @@ class LLMEngine:
         self._forks: dict[str, list[_Request]] = {}  # a request id -> choices waiting for its prompt
         self.stats = StepStats()
         self._flight: _Launch | None = None  # the step computing between two calls of step()
-        if paged.decode is not None:
-            log(f"decode model: steps of up to {decode_model.MAX_TOKENS} tokens run at f32 with int8 activations")
         log(f"KV cache: {num_blocks} blocks of {paged.block_size} tokens, {self.cache.nbytes / 2**30:.2f} GiB "
-            f"({paged.layout.key_type.get_type_name()} keys, {paged.layout.value_type.get_type_name()} values)")
+            f"({paged.layout.key_type.get_type_name()} keys, {paged.layout.value_type.get_type_name()} values)"
+            + (f"; steps of up to {decode_model.MAX_TOKENS} tokens on the decode model" if paged.decode else ""))
 
     def _blocks_from_budget(self) -> int:
         paged, layers = self.model.paged, self.model.config.num_layers
