@@ -68,7 +68,7 @@ def test_decode_model_stays_off_where_it_cannot_help(q4_0, monkeypatch):
     model = compile_paged(build_model(q4_0.config, q4_0.tensor, "auto"),
                           CompileOptions(inference_precision="f32", kv_cache_precision="f32"))
     assert model.decode is None and model.options.decode_model is False
-    # weights above a tenth of the memory keep it off (a server has better use for that memory)
+    # weights above a fifth of the memory keep it off (a server has better use for that memory)
     graph = build_model(q4_0.config, q4_0.tensor, "auto")
     assert 0 < decode_model.weight_bytes(graph) < 2**24
     monkeypatch.setattr(decode_model, "MEMORY_SHARE", 0.0)
@@ -90,3 +90,11 @@ def test_cpu_flags(tmp_path):
     info.write_text("flags\t\t: fpu avx2 avx_vnni\n")
     assert decode_model.cpu_has_vnni(info)
     assert not decode_model.cpu_has_vnni(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("flag,value", [("auto", None), ("on", True), ("off", False)])
+def test_the_flag_reaches_the_compile_options(flag, value):
+    from vinoserve.cli import _engine_config, build_parser
+
+    args = build_parser().parse_args(["serve", "--decode-model", flag])
+    assert _engine_config(args).compile.decode_model is value

@@ -120,12 +120,12 @@ class Vinoserve:
         from vinoserve.model.paged import CompileOptions
         from vinoserve.scheduler.scheduler import SchedulerConfig
 
-        self.name = f"vinoserve {weight_format}" + (" dm-off" if decode_model == "off" else "")
+        self.name = f"vinoserve {weight_format}" + ("" if decode_model == "auto" else f" dm-{decode_model}")
         # One stream needs little KV cache; the default (a quarter of free memory) would crowd an 8B pair.
         cfg = EngineConfig(model=model, weight_format=weight_format, enable_prefix_caching=False, kv_cache_size_gb=1.0,
                            compile=CompileOptions(kv_cache_precision=kv_cache_precision, num_threads=threads,
                                                   inference_precision=inference_precision,
-                                                  decode_model=None if decode_model == "auto" else False),
+                                                  decode_model={"auto": None, "on": True, "off": False}[decode_model]),
                            scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens))
         self.engine = LLMEngine(cfg, log=lambda m: None)
         self._count = 0
@@ -263,7 +263,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--kv-cache-precision", default=None, help="vinoserve's KV cache precision (default: its own)")
     ap.add_argument("--inference-precision", default=None, help="vinoserve's compute precision (default: the CPU's)")
     ap.add_argument("--decode-models", default="auto",
-                    help="vinoserve's --decode-model settings to compare, per weight format (comma-separated: auto, off)")
+                    help="vinoserve's --decode-model settings to compare, per weight format (comma-separated: auto, on, off)")
 
 
 def main(args: argparse.Namespace) -> None:
