@@ -12,8 +12,9 @@ So the same graph is compiled twice and the runner sends each step to one of the
 count. Both write one KV cache, which fixes its precision: an f32 kernel reads f32 or u8 blocks, a
 bf16 one bf16 or u8, so the cache is u8. The cost is a second packed copy of the weights (1.5B
 Q4_0: +1.0 GiB resident), so `auto` takes it only where that copy is small beside the machine's
-memory (or the container's limit): a server whose weights are a large share of memory has better use for it (KV
-cache), and there several sequences decode at once, where the decode model does not run anyway.
+memory (or the container's limit): a server whose weights are a large share of memory has better
+use for it (KV cache), and there several sequences decode at once, where the decode model does not
+run anyway.
 """
 from __future__ import annotations
 
@@ -68,7 +69,8 @@ def wanted(device: str, compute_precision: str, kv_precision: str | None, model:
 
 
 def properties(main: dict[str, str]) -> dict[str, str]:
-    """The main compilation's properties, with f32 compute and int8 activations per 32 inputs (the
-    GGUF block size: a larger group did not take the fast path with Q4_0's groups of 32)."""
-    return {**main, "INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "32",
-            "KV_CACHE_PRECISION": KV_PRECISION}
+    """The main compilation's properties (its KV precision already KV_PRECISION), with f32 compute
+    and int8 activations per 32 inputs (the GGUF block size: a larger group did not take the fast
+    path with Q4_0's groups of 32)."""
+    assert main.get("KV_CACHE_PRECISION") == KV_PRECISION, "the two compilations share one cache"
+    return {**main, "INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "32"}
