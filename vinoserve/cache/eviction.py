@@ -4,9 +4,12 @@ Each layer's PagedAttention reports, per cached token, the attention it received
 heads and over the last `snapkv_window` prompt queries at the end of prefill, one query per
 decode step). Scores are max-pooled over neighbouring tokens, so a block keeps the context of an
 important token, and accumulated: SUM, or NORM_SUM divided by how often a token was scored so old
-tokens do not win by age. Nothing is evicted during prefill. Once a sequence's cache reaches
-max_cache_size + block_size tokens, each layer drops its lowest-scoring whole blocks between the
-first start_size tokens and the last recent_size tokens until it fits again.
+tokens do not win by age. Once a sequence's cache reaches max_cache_size + block_size tokens,
+each layer drops its lowest-scoring whole blocks between the first start_size tokens and the last
+recent_size tokens until it fits again. By default that happens only once the prompt is in (the
+last prompt queries see the whole prompt); with during_prefill it happens after every prompt chunk
+too, each scored by its own last queries, so a sequence never holds more than max_cache_size plus
+one chunk (and the block being filled), whatever its prompt's length.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ class CacheEvictionConfig:
     snapkv_window: int = 8
     rotation: bool = True
     pool_window: int = 7
+    during_prefill: bool = False
 
     @classmethod
     def parse(cls, spec: str, **kwargs) -> CacheEvictionConfig:

@@ -65,9 +65,10 @@ class Evictor:
 
     @staticmethod
     def score_window(ev: SequenceEviction | None, samples: bool, num_tokens: int) -> int:
-        """Queries whose scores count this step: SnapKV's window at the prompt's end, 1 in decode
-        (with speculative proposals, those too: rejected ones' attention to earlier keys counts)."""
-        if ev is None or not samples:
+        """Queries whose scores count this step: SnapKV's window at the prompt's end (and at the
+        end of every prompt chunk when evicting during prefill), 1 in decode (with speculative
+        proposals, those too: rejected ones' attention to earlier keys counts)."""
+        if ev is None or not (samples or ev.state.config.during_prefill):
             return 0
         return min(ev.state.config.snapkv_window, num_tokens)
 

@@ -96,8 +96,8 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         params.validate()
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self.check_request(ids, params)
         eviction = self.new_eviction(cache_eviction)
+        self.check_request(ids, params, eviction)
         seq = Sequence(request_id, ids, params, block_tables=self.blocks.new_tables())
         if arrival_time is not None:
             seq.arrival_time = arrival_time
@@ -125,7 +125,7 @@ class LLMEngine:
             return None
         return self.evictor.new_sequence(overrides)
 
-    def check_request(self, ids: list[int], params: SamplingParams) -> None:
+    def check_request(self, ids: list[int], params: SamplingParams, eviction: SequenceEviction | None = None) -> None:
         """ValueError naming the problem if this request could never run; reads only fixed config."""
         if not ids:
             raise ValueError("the prompt is empty")
@@ -140,7 +140,12 @@ class LLMEngine:
         if total > self.max_context:
             raise ValueError(f"this model's maximum context length is {self.max_context} tokens; the prompt "
                              f"has {len(ids)} and max_tokens is {params.max_tokens} ({total} in all)")
-        if self.blocks.most_held(total, self.config.scheduler.max_num_batched_tokens) > self.blocks.num_blocks:
+        step = self.config.scheduler.max_num_batched_tokens
+        held = self.blocks.most_held(total, step)
+        if eviction is not None and eviction.state.config.during_prefill:
+            # evicted back to the budget (and the block being filled) after every step
+            held = min(held, self.blocks.blocks_for(eviction.state.config.max_cache_size + self.blocks.block_size - 1 + step))
+        if held > self.blocks.num_blocks:
             raise ValueError(f"the request needs {total} tokens of KV cache; the cache holds "
                              f"{self.blocks.num_blocks * self.blocks.block_size}")
 
@@ -254,7 +259,7 @@ class LLMEngine:
             self.scheduler.cache_computed(ahead.computed)
             self.stats.overlapped_seconds += time.perf_counter() - begin
         if self.evictor is not None:
-            self._evict(flight, result.scores, sampling)
+            self._evict(flight, result.scores)
         return outputs
 
     def _propose(self) -> None:
@@ -293,20 +298,18 @@ class LLMEngine:
             alive, j = verifying, j + 1
             picks = sample(self.sampler, rows[[sampling[i].row + j for i in alive]], [sampling[i].req for i in alive])
 
-    def _evict(self, step: Launch, scores: list[np.ndarray] | None, sampling: list[SamplingRow]) -> None:
+    def _evict(self, step: Launch, scores: list[np.ndarray]) -> None:
         """After verification (the scores of rejected proposals' keys go): each scored chunk's
-        scores of the keys still cached, then eviction where a cache is over its budget."""
-        if scores is not None:
-            offset = 0
-            for c, r in zip(step.chunks, step.reqs):
-                n = c.past_len + len(c.token_ids)
-                if c.score_window and r.eviction is not None and not r.seq.status.is_finished:
-                    keep = min(n, r.seq.num_cached_tokens)
-                    r.eviction.state.add([layer[offset:offset + keep] for layer in scores])
-                offset += n
-        for r, _, _ in sampling:
-            if r.eviction is not None and not r.seq.status.is_finished:
+        scores of the keys still cached, then eviction where its cache is over the budget. A
+        chunk is scored where it samples, and with during_prefill every prompt chunk too."""
+        offset = 0
+        for c, r in zip(step.chunks, step.reqs):
+            n = c.past_len + len(c.token_ids)
+            if c.score_window and r.eviction is not None and not r.seq.status.is_finished:
+                keep = min(n, r.seq.num_cached_tokens)
+                r.eviction.state.add([layer[offset:offset + keep] for layer in scores])
                 self.evictor.evict_if_full(r.seq, r.eviction)
+            offset += n
 
     def _fork_choices(self, sampling: list[SamplingRow], now: float) -> list[SamplingRow]:
         """Choices waiting for a prompt that just finished join `sampling`, on the prompt's
