@@ -431,7 +431,7 @@ class LLMEngine:
         if s.num_drafts:
             tokens = tokens + seq.draft_token_ids
         return ScheduledChunk(tokens, seq.num_cached_tokens, seq.block_tables, wanted, first_position,
-                              Evictor.score_window(ev, s.samples, s.num_tokens))
+                              Evictor.score_window(ev, seq, s.num_tokens, s.samples))
 
     @staticmethod
     def _collect_prompt_logprobs(computed: list[tuple[Sequence, int]], reqs: list[_Request],
@@ -450,7 +450,7 @@ class LLMEngine:
             n = chunk.past_len + len(chunk.token_ids)
             if chunk.score_window and req.eviction is not None and not req.seq.status.is_finished:
                 keep = min(n, req.seq.num_cached_tokens)
-                req.eviction.state.add([layer[offset:offset + keep] for layer in scores])
+                req.eviction.state.add([layer[offset:offset + keep] for layer in scores], chunk.score_window)
             offset += n
 
     def _sample(self, rows: np.ndarray, reqs: list[_Request]) -> list[tuple[int, float, list | None] | Exception]:
