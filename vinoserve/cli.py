@@ -43,6 +43,9 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eviction-aggregation", choices=("norm_sum", "sum"), default="norm_sum")
     p.add_argument("--no-rotation", action="store_true",
                    help="do not re-rotate the keys of blocks that move after an eviction")
+    p.add_argument("--evict-during-prefill", action="store_true",
+                   help="evict after every prompt chunk too, so no sequence holds more than MAX tokens plus "
+                        "one chunk, whatever its prompt's length (default: once the prompt is in)")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="reuse the KV of prompt prefixes already computed (default: on, off with --cache-eviction)")
     p.add_argument("--overlap-steps", action=argparse.BooleanOptionalAction, default=True,
@@ -133,7 +136,8 @@ def _engine_config(args: argparse.Namespace):
     eviction = None
     if args.cache_eviction:
         eviction = CacheEvictionConfig.parse(args.cache_eviction, aggregation=args.eviction_aggregation,
-                                             rotation=not args.no_rotation)
+                                             rotation=not args.no_rotation,
+                                             during_prefill=args.evict_during_prefill)
     scheduler = SchedulerConfig()
     if args.command == "serve":
         scheduler = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)

@@ -18,8 +18,11 @@ The rest is chosen by policy:
   the blocks after a dropped one, by whole blocks.
 - "streaming": start + recent only, the oldest blocks go first (StreamingLLM); no scores used.
 
-All layers keep the same number of tokens (the PagedAttention op has one past length per
-sequence), each layer its own tokens.
+By default this happens once the prompt is in (the last prompt queries see the whole prompt);
+with during_prefill after every prompt chunk too, each scored by its own last queries, so a
+sequence never holds more than max_cache_size plus one chunk (and the block being filled),
+whatever its prompt's length. All layers keep the same number of tokens (the PagedAttention op
+has one past length per sequence), each layer its own tokens.
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ class CacheEvictionConfig:
     pool_window: int = 7
     policy: str = "blocks"
     protect_window: bool = False  # never evict the prompt's last snapkv_window tokens
+    during_prefill: bool = False
 
     @classmethod
     def parse(cls, spec: str, **kwargs) -> CacheEvictionConfig:

@@ -93,15 +93,17 @@ class Evictor:
     @staticmethod
     def score_window(ev: SequenceEviction | None, seq: Sequence, num_tokens: int, samples: bool) -> int:
         """Queries of a chunk of `num_tokens` starting at seq.num_computed_tokens whose scores
-        count: in the prompt (or a recomputation after preemption) those among the last
-        snapkv_window tokens before the first sample, so a window split over two chunks is
-        scored whole; in decode the step's tokens (proposals too: rejected ones' attention to
-        earlier keys counts)."""
+        count: in decode the step's tokens (proposals too: rejected ones' attention to earlier
+        keys counts); in the prompt (or a recomputation after preemption) those among the last
+        snapkv_window tokens before the first sample, so a window split over two chunks is scored
+        whole, and with during_prefill every chunk's own last snapkv_window."""
         if ev is None:
             return 0
         window = ev.state.config.snapkv_window
         if seq.is_decoding:
             return min(window, num_tokens) if samples else 0
+        if ev.state.config.during_prefill:
+            return min(window, num_tokens)
         end = seq.num_computed_tokens + num_tokens
         return max(0, min(num_tokens, end - (seq.num_known_tokens - window)))
 
@@ -121,6 +123,8 @@ class Evictor:
 
     def evict_if_full(self, seq: Sequence, ev: SequenceEviction) -> None:
         n, cfg = seq.num_cached_tokens, ev.state.config
+        if not cfg.during_prefill and seq.num_computed_tokens < len(seq.prompt_token_ids):
+            return  # mid-prompt: the prompt's scoring window is not all in yet
         if cfg.protect_window and not ev.window_protected and seq.num_computed_tokens >= len(seq.prompt_token_ids):
             ev.state.protect_last(n, min(cfg.snapkv_window, n))  # right after the prompt: its last tokens
             ev.window_protected = True
