@@ -1,4 +1,5 @@
-"""`vinoserve bench serve` (load-test any OpenAI-compatible server), `bench engine`, `bench llamacpp`."""
+"""`vinoserve bench serve` (load-test any OpenAI-compatible server), `bench engine`, `bench llamacpp`,
+`bench soak`, `bench longctx`."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vinoserve.bench import engine_vs_genai, llamacpp, soak
+from vinoserve.bench import engine_vs_genai, llamacpp, longctx, soak
 from vinoserve.bench.client import Target, run
 from vinoserve.bench.metrics import Goodput, summarize
 from vinoserve.bench.workloads import (multi_turn_workload, prefix_repetition_workload, random_workload,
@@ -27,6 +28,8 @@ def add_bench_parser(sub) -> None:
     llamacpp.add_arguments(llama)
     soaker = kinds.add_parser("soak", help="mixed requests with random disconnects; fails on 5xx, leaks, tracebacks")
     soak.add_arguments(soaker)
+    longctx.add_arguments(kinds.add_parser("longctx", help="long-context retrieval under cache eviction: vinoserve's "
+                                                          "policies vs full cache, start + recent and openvino-genai"))
 
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -168,6 +171,8 @@ def main(args: argparse.Namespace) -> int:
         engine_vs_genai.main(args)
     elif args.bench_command == "llamacpp":
         llamacpp.main(args)
+    elif args.bench_command == "longctx":
+        longctx.main(args)
     else:
         bench_serve(args)
     return 0

@@ -312,7 +312,7 @@ class LLMEngine:
             n = c.past_len + len(c.token_ids)
             if c.score_window and r.eviction is not None and not r.seq.status.is_finished:
                 keep = min(n, r.seq.num_cached_tokens)
-                r.eviction.state.add([layer[offset:offset + keep] for layer in scores])
+                r.eviction.state.add([layer[offset:offset + keep] for layer in scores], c.score_window)
                 self.evictor.evict_if_full(r.seq, r.eviction)
             offset += n
 
