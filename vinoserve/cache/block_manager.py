@@ -57,6 +57,8 @@ class BlockManager:
         pool = BlockAllocator(usable) if shared else None
         self.allocators = [pool or BlockAllocator(usable) for _ in self.windows]
         self._per_pool = len(self.windows) if shared else 1  # tables that draw on one allocator
+        # A block can have several owners (forks, prefix hits) unless each layer evicts its own.
+        self._sharing = self._per_pool == len(self.windows)
         self.block_size = block_size
         self.prefix = PrefixCache(self.allocators[0], block_size, prefix_salt, len(self.windows)) \
             if prefix_salt is not None else None
@@ -160,7 +162,7 @@ class BlockManager:
     def fork(self, tables: BlockTables) -> BlockTables:
         """A second owner of every block (choices sharing their prompt). Not with eviction,
         where blocks are evicted and rotated in place per sequence."""
-        if self._per_pool != self.num_groups:
+        if not self._sharing:
             raise ValueError("sequences cannot share blocks while cache eviction is on")
         return [[b if b == self.null_block else allocator.share(b) for b in table]
                 for table, allocator in zip(tables, self.allocators)]
@@ -168,7 +170,7 @@ class BlockManager:
     def copies_needed(self, tables: BlockTables, start: int) -> int:
         """Blocks to copy if writing from token `start` on would write into shared, partly filled blocks."""
         i, offset = divmod(start, self.block_size)
-        if offset == 0 or i >= len(tables[0]):
+        if offset == 0 or i >= len(tables[0]) or not self._sharing:
             return 0
         return sum(allocator.ref_count(t[i]) > 1 for t, allocator in zip(tables, self.allocators))
 

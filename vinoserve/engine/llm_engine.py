@@ -104,6 +104,8 @@ class LLMEngine:
         eviction = self.new_eviction(cache_eviction)
         self.check_request(ids, params, eviction)
         seq = Sequence(request_id, ids, params, block_tables=self.blocks.new_tables())
+        if eviction is not None and eviction.state.config.during_prefill:
+            seq.most_blocks = self._most_held(len(ids) + params.max_tokens, eviction)
         if arrival_time is not None:
             seq.arrival_time = arrival_time
         sampling = SamplingState(params, seq.prompt_token_ids, seq.output_token_ids, self.eos_token_ids,
@@ -145,14 +147,20 @@ class LLMEngine:
         if total > self.max_context:
             raise ValueError(f"this model's maximum context length is {self.max_context} tokens; the prompt "
                              f"has {len(ids)} and max_tokens is {params.max_tokens} ({total} in all)")
-        step = self.config.scheduler.max_num_batched_tokens
-        held = self.blocks.most_held(total, step)
-        if eviction is not None and eviction.state.config.during_prefill:
-            # evicted back to the budget (and the block being filled) after every step
-            held = min(held, self.blocks.blocks_for(eviction.state.config.max_cache_size + self.blocks.block_size - 1 + step))
+        held = self._most_held(total, eviction)
         if held > self.blocks.num_blocks:
             raise ValueError(f"the request needs {total} tokens of KV cache, {held} blocks of "
                              f"{self.blocks.block_size}; the cache holds {self.blocks.num_blocks}")
+
+    def _most_held(self, num_tokens: int, eviction: SequenceEviction | None) -> int:
+        """Blocks a request of `num_tokens` tokens holds at most at once."""
+        step = self.config.scheduler.max_num_batched_tokens
+        held = self.blocks.most_held(num_tokens, step)
+        if eviction is not None and eviction.state.config.during_prefill:
+            # evicted back to the budget (and the block being filled) after every step
+            bound = eviction.state.config.max_cache_size + self.blocks.block_size - 1 + step
+            held = min(held, self.blocks.blocks_for(bound))
+        return held
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Retire a request now (call between steps); its blocks are freed at once."""

@@ -82,6 +82,9 @@ class Scheduler:
             budget -= n
             i += 1
         pending = self._pending_hashes()
+        # Sequences whose KV is bounded (eviction during prefill) get room to reach their bound:
+        # admitting one that would later preempt another wastes a whole prompt's recompute.
+        growth = sum(max(0, s.most_blocks - len(s.block_tables[0])) for s in self.running if s.most_blocks)
         w = 0
         while w < len(self.waiting) and budget and len(out.scheduled) < self.config.max_num_seqs \
                 and not out.preempted:
@@ -92,13 +95,14 @@ class Scheduler:
                 continue
             start = len(hits) * self.blocks.block_size
             n = min(seq.num_tokens - start, budget)
-            reserve = self._watermark if self.running else 0
+            reserve = (self._watermark if self.running else 0) + growth
             needed = self.blocks.admission_cost(hits, start + n)
-            if needed + reserve > self.blocks.num_free_blocks:
+            if max(needed, seq.most_blocks or 0) + reserve > self.blocks.num_free_blocks:
                 break  # first come, first served: nobody overtakes the head of the queue for memory
             del self.waiting[w]
             self._admit(seq, hits)
             self.blocks.grow(seq.block_tables, seq.num_cached_tokens + n)
+            growth += max(0, (seq.most_blocks or 0) - len(seq.block_tables[0]))
             out.scheduled.append(ScheduledSequence.of(seq, n))
             budget -= n
             pending |= self._uncomputed_hashes(seq)
