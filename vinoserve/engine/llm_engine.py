@@ -149,7 +149,9 @@ class LLMEngine:
         self._flight: _Launch | None = None  # the step computing between two calls of step()
         log(f"KV cache: {num_blocks} blocks of {paged.block_size} tokens, {self.cache.nbytes / 2**30:.2f} GiB "
             f"({paged.layout.key_type.get_type_name()} keys, {paged.layout.value_type.get_type_name()} values)"
-            + (f"; steps of up to {decode_model.MAX_TOKENS} tokens on the decode model" if paged.decode else ""))
+            + (f"; steps of up to {decode_model.MAX_TOKENS} tokens on the decode model, a second packed copy of "
+               f"the weights (about {paged.decode_bytes / 2**30:.2f} GiB; --decode-model off saves it)"
+               if paged.decode else ""))
 
     def _blocks_from_budget(self) -> int:
         paged, layers = self.model.paged, self.model.config.num_layers
