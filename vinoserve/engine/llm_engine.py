@@ -63,8 +63,9 @@ class LLMEngine:
             self.evictor = Evictor(config.cache_eviction, self.model.config, self.blocks, self.cache,
                                    in_kernel=options.cache_rotation)
         self.scheduler = Scheduler(config.scheduler, self.blocks)
-        # Speculation and eviction change a step's inputs after it ran: those run one step at a time.
-        self._overlap = config.overlap_steps and config.speculative is None and not evicting
+        # Eviction changes a step's inputs after it ran: it runs one step at a time. Speculation
+        # does only in the steps that verify proposals (see Speculator.plan_ahead).
+        self._overlap = config.overlap_steps and not evicting
         self.runner = ModelRunner(paged, self.cache, num_requests=2 if self._overlap else 1,
                                   table_of=self.groups.table_of if self.groups.hybrid else None)
         warm_up(self.runner, num_blocks, paged.block_size, self.model.path / "openvino_model.bin")
@@ -84,7 +85,9 @@ class LLMEngine:
         self._flight: Launch | None = None  # the step computing between two calls of step()
         log(f"KV cache: {num_blocks} blocks of {paged.block_size} tokens, {self.cache.nbytes / 2**30:.2f} GiB "
             f"({paged.layout.key_type.get_type_name()} keys, {paged.layout.value_type.get_type_name()} values)"
-            + (f"; steps of up to {decode_model.MAX_TOKENS} tokens on the decode model" if paged.decode else ""))
+            + (f"; steps of up to {decode_model.MAX_TOKENS} tokens on the decode model, a second packed copy of "
+               f"the weights (about {paged.decode_bytes / 2**30:.2f} GiB; --decode-model off saves it)"
+               if paged.decode else ""))
 
     @property
     def max_context(self) -> int:
@@ -191,6 +194,7 @@ class LLMEngine:
         as this one's tokens are sampled; this one's outputs are built while that one computes."""
         start = time.perf_counter()
         flight = self._flight
+        overlapped = flight is not None  # planned ahead, while the step before it computed
         if flight is None and (flight := self._prepare()) is not None:
             self._launch(flight, {})
             self.scheduler.cache_computed(flight.computed)
@@ -201,14 +205,21 @@ class LLMEngine:
         # Only steps of decoding sequences price a proposal: prompt-sized steps steered the fitted
         # line until its intercept fell to nothing, which switched speculation off for good.
         if self.speculator is not None and flight is not None and (tokens := flight.decode_tokens):
-            self.speculator.cost.observe(tokens, seconds - self.speculator.propose_seconds)
+            proposing = 0.0 if overlapped else self.speculator.propose_seconds  # planned ahead: no proposals
+            self.speculator.cost.observe(tokens, seconds - proposing, overlapped)
         self.stats.num_generated_tokens += sum(len(o.new_token_ids) for o in outputs)
         return outputs
 
-    def _prepare(self) -> Launch | None:
-        """The next step, planned and set on the runner's idle request (None: nothing to run)."""
+    def _prepare(self, ahead: bool = False) -> Launch | None:
+        """The next step, planned and set on the runner's idle request (None: nothing to run).
+        Planned `ahead` of the step computing, it has no proposals: their last token is unknown."""
         if self.speculator is not None:
-            self._propose()
+            seqs, room = self._speculating()
+            if ahead:
+                for seq in seqs:
+                    seq.draft_token_ids = []
+            else:
+                self.speculator.propose(seqs, room)
         plan = self.scheduler.schedule()
         for seq in plan.preempted:
             if (ev := self._requests[seq.request_id].eviction) is not None:
@@ -244,9 +255,11 @@ class LLMEngine:
         computed nothing of use."""
         ahead = None
         # Choices waiting to fork must take the parent's blocks before it moves on: one step at a time.
-        if self._overlap and not self._forks:
+        # A step verifying proposals adds an unknown number of tokens: the next waits for them.
+        if self._overlap and not self._forks and (self.speculator is None or (
+                not any(x.num_drafts for x in flight.sampling) and self.speculator.plan_ahead(*self._speculating()))):
             begin = time.perf_counter()
-            ahead = self._prepare()
+            ahead = self._prepare(ahead=True)
             self.stats.overlapped_seconds += time.perf_counter() - begin
         result = self.runner.wait(flight.prepared)
         if any(r.prompt_logprobs is not None for r in flight.reqs):
@@ -275,8 +288,8 @@ class LLMEngine:
             self._evict(flight, result.scores)
         return outputs
 
-    def _propose(self) -> None:
-        """Proposals for the decoding sequences that may speculate (set on the sequences)."""
+    def _speculating(self) -> tuple[list[Sequence], list[int]]:
+        """The decoding sequences that may speculate, and how many tokens each may still add."""
         seqs, room = [], []
         for seq in self.scheduler.running:
             req = self._requests[seq.request_id]
@@ -284,7 +297,7 @@ class LLMEngine:
                 seqs.append(seq)
                 left = min(seq.params.max_tokens - len(seq.output_token_ids), self.max_context - seq.num_tokens)
                 room.append(left if req.eviction is None else min(left, Evictor.room(seq, req.eviction)))
-        self.speculator.propose(seqs, room)
+        return seqs, room
 
     def _append_picks(self, rows: np.ndarray, sampling: list[SamplingRow],
                       picks: list[Pick | Exception]) -> list[RequestOutput]:
