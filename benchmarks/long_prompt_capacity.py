@@ -3,7 +3,8 @@
   tpot      one session at a time, prompts of 1K..8K tokens: time per output token and the peak
             KV one sequence held (bytes, all layers), full cache vs eviction during prefill
   capacity  N 8K-token sessions at once in a fixed KV pool (--pool-sessions full 8K sessions'
-            worth of blocks): how many decode in the same step at most, preemptions, wall time
+            worth of blocks): how many hold KV at once at most (outputs long enough that memory
+            is what limits it), preemptions, the most blocks one held, wall time
 
     python benchmarks/long_prompt_capacity.py tpot --lengths 1024 2048 4096 8000
     python benchmarks/long_prompt_capacity.py capacity --sessions 12 --pool-sessions 2
@@ -86,7 +87,7 @@ def tpot(args) -> None:
 def capacity(args) -> None:
     rng = np.random.default_rng(1)
     length = 8192 - args.out
-    print("| cache | pool blocks | sessions | most decoding at once | preemptions | peak blocks/seq | wall s |")
+    print("| cache | pool blocks | sessions | most running at once | preemptions | peak blocks/seq | wall s |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     probe = None
     for evict in (False, True):
@@ -99,7 +100,7 @@ def capacity(args) -> None:
         most, start = 0, time.perf_counter()
         while engine.has_unfinished_requests:
             engine.step()
-            most = max(most, sum(s.num_computed_tokens >= len(s.prompt_token_ids) for s in engine.scheduler.running))
+            most = max(most, len(engine.scheduler.running))
         wall = time.perf_counter() - start
         print(f"| {'evict during prefill, budget ' + str(args.budget) if evict else 'full'} | {blocks} | "
               f"{args.sessions} | {most} | {engine.scheduler.num_preemptions} | {max(peak.values())} | {wall:.0f} |")

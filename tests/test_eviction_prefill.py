@@ -94,3 +94,23 @@ def test_a_prompt_far_longer_than_the_pool_runs_in_budget_plus_one_chunk(one_lay
     assert peak[0] == (cfg.max_cache_size + chunk) // B <= limit and sum(len(o.new_token_ids) for o in outs) == 40
     assert engine.scheduler.num_preemptions == 0
     assert all(a.num_free == a.num_blocks for a in engine.blocks.allocators)
+
+
+def test_sessions_are_admitted_only_with_room_to_reach_their_bound(one_layer):
+    """Three long prompts in a pool for two bounded sessions: the third waits for one to finish
+    instead of being admitted and later preempted (which would recompute its whole prompt)."""
+    hf, path = one_layer
+    chunk = 64
+    cfg = CacheEvictionConfig(start_size=32, recent_size=64, max_cache_size=160, during_prefill=True)
+    bound = -(-(cfg.max_cache_size + B - 1 + chunk) // B)
+    engine = _engine(path, cfg, blocks=2 * bound + 1, chunk=chunk)
+    rng = np.random.default_rng(9)
+    params = SamplingParams(max_tokens=30, temperature=0.8, seed=1, ignore_eos=True)
+    for i in range(3):
+        engine.add_request(f"r{i}", rng.integers(0, hf.config.vocab_size, 400).tolist(), params)
+    most, done = 0, 0
+    while engine.has_unfinished_requests:
+        done += sum(o.finished for o in engine.step())
+        most = max(most, len(engine.scheduler.running))
+    assert done == 3 and most == 2 and engine.scheduler.num_preemptions == 0
+    assert all(a.num_free == a.num_blocks for a in engine.blocks.allocators)

@@ -6,8 +6,9 @@ import time
 
 import numpy as np
 
-from vinoserve.cache.block_manager import BlockManager
+from vinoserve.cache.block_manager import BlockManager, blocks_held
 from vinoserve.cache.kv_cache import KVCache
+from vinoserve.cache.layer_groups import LayerGroups
 from vinoserve.cache.prefix_cache import salt_hash
 from vinoserve.engine import step_plan
 from vinoserve.engine.config import EngineConfig, StepStats
@@ -41,16 +42,19 @@ class LLMEngine:
         self.model: LoadedModel = load_model(config.model, options, config.weight_format, log)
         self.tokenizer = self.model.tokenizer
         paged, layers = self.model.paged, self.model.config.num_layers
-        num_blocks = config.num_blocks(paged.layout, layers, self.model.config.max_context)
-        self.cache = KVCache(paged.layout, layers, num_blocks)
         evicting = config.cache_eviction is not None
         salt = salt_hash(config.model, config.weight_format, options, paged.block_size,
                          paged.layout.key_type.get_type_name(), paged.layout.value_type.get_type_name())
-        windows = self.model.config.sliding_windows
-        # Blocks behind the window are freed only where every layer has one (not Gemma's global layers).
-        window = max(windows) if windows and all(windows) and not evicting else 0
-        self.blocks = BlockManager(num_blocks, paged.block_size, layers if evicting else 1,
-                                   salt if config.prefix_caching else None, window)
+        salt = salt if config.prefix_caching else None
+        self.groups = LayerGroups.of(() if evicting else self.model.config.sliding_windows, layers)
+        if self.groups.hybrid and not config.window_sized_caches:
+            self.groups = LayerGroups.of((), layers)  # every layer keeps every block (a 'before' to measure)
+        pooled = self.groups.windows if self.groups.hybrid else self.groups.windows[:1]  # tables of one pool
+        num_blocks = config.num_blocks(paged.layout, self.groups.num_slots, blocks_held(
+            pooled, paged.block_size, self.model.config.max_context, config.scheduler.max_num_batched_tokens))
+        self.blocks = BlockManager(num_blocks, paged.block_size, layers if evicting else 1, salt,
+                                   self.groups.windows[0], self.groups.windows if self.groups.hybrid else ())
+        self.cache = KVCache(paged.layout, layers, num_blocks, self.groups.slot_of)
         if self.blocks.null_block is not None:
             self.cache.zero_block(self.blocks.null_block)
         self.evictor = None
@@ -61,7 +65,8 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.blocks)
         # Speculation and eviction change a step's inputs after it ran: those run one step at a time.
         self._overlap = config.overlap_steps and config.speculative is None and not evicting
-        self.runner = ModelRunner(paged, self.cache, num_requests=2 if self._overlap else 1)
+        self.runner = ModelRunner(paged, self.cache, num_requests=2 if self._overlap else 1,
+                                  table_of=self.groups.table_of if self.groups.hybrid else None)
         warm_up(self.runner, num_blocks, paged.block_size, self.model.path / "openvino_model.bin")
         self.sampler = Sampler()
         self.eos_token_ids = tuple(dict.fromkeys([*self.model.config.eos_token_ids, *self.tokenizer.eos_token_ids]))
@@ -99,6 +104,8 @@ class LLMEngine:
         eviction = self.new_eviction(cache_eviction)
         self.check_request(ids, params, eviction)
         seq = Sequence(request_id, ids, params, block_tables=self.blocks.new_tables())
+        if eviction is not None and eviction.state.config.during_prefill:
+            seq.most_blocks = self._most_held(len(ids) + params.max_tokens, eviction)
         if arrival_time is not None:
             seq.arrival_time = arrival_time
         sampling = SamplingState(params, seq.prompt_token_ids, seq.output_token_ids, self.eos_token_ids,
@@ -140,14 +147,20 @@ class LLMEngine:
         if total > self.max_context:
             raise ValueError(f"this model's maximum context length is {self.max_context} tokens; the prompt "
                              f"has {len(ids)} and max_tokens is {params.max_tokens} ({total} in all)")
+        held = self._most_held(total, eviction)
+        if held > self.blocks.num_blocks:
+            raise ValueError(f"the request needs {total} tokens of KV cache, {held} blocks of "
+                             f"{self.blocks.block_size}; the cache holds {self.blocks.num_blocks}")
+
+    def _most_held(self, num_tokens: int, eviction: SequenceEviction | None) -> int:
+        """Blocks a request of `num_tokens` tokens holds at most at once."""
         step = self.config.scheduler.max_num_batched_tokens
-        held = self.blocks.most_held(total, step)
+        held = self.blocks.most_held(num_tokens, step)
         if eviction is not None and eviction.state.config.during_prefill:
             # evicted back to the budget (and the block being filled) after every step
-            held = min(held, self.blocks.blocks_for(eviction.state.config.max_cache_size + self.blocks.block_size - 1 + step))
-        if held > self.blocks.num_blocks:
-            raise ValueError(f"the request needs {total} tokens of KV cache; the cache holds "
-                             f"{self.blocks.num_blocks * self.blocks.block_size}")
+            bound = eviction.state.config.max_cache_size + self.blocks.block_size - 1 + step
+            held = min(held, self.blocks.blocks_for(bound))
+        return held
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Retire a request now (call between steps); its blocks are freed at once."""

@@ -34,6 +34,7 @@ class CompileOptions:
     cache_rotation: bool = False  # in-kernel RoPE re-rotation inputs
     fuse_projections: bool | None = None  # q/k/v as one MatMul; None: on CPU (see fuse_projections)
     decode_model: bool | None = None  # a second compilation for steps of few tokens; None: where it pays (decode_model.py)
+    per_layer_tables: bool = False  # a block_indices input per layer whatever else is on (set for mixed windows)
 
     def __post_init__(self) -> None:
         if self.inference_precision not in (None, *PRECISIONS):
@@ -43,9 +44,10 @@ class CompileOptions:
 
     @property
     def per_layer_block_tables(self) -> bool:
-        """One block_indices input per layer: only eviction gives layers different tables (and
-        eviction is what asks for scores). Otherwise one shared input, as genai compiles it."""
-        return self.score_outputs
+        """One block_indices input per layer where layers read different tables: eviction's (and
+        eviction is what asks for scores) or layer groups' (sliding and global layers, see
+        cache/layer_groups.py). Otherwise one shared input, as genai compiles it."""
+        return self.score_outputs or self.per_layer_tables
 
     def properties(self) -> dict[str, str]:
         props = {"NUM_STREAMS": "1"}  # one step at a time; let the op use all threads
@@ -144,6 +146,8 @@ def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None
                   sliding_windows: tuple[int, ...] = ()) -> PagedModel:
     """`sliding_windows`: each layer's, from the model's config (empty: as the transformation found them)."""
     core = core or ov.Core()
+    if len(set(sliding_windows)) > 1:  # sliding and global layers: a table per layer group
+        options = replace(options, per_layer_tables=True)
     options = _with_decode_model(options, core, model)
     options = _default_kv_precision(options, core)
     if options.fuse_projections is None:
