@@ -2,6 +2,7 @@
 which must generate exactly what the engine does for each eviction setting."""
 from __future__ import annotations
 
+import argparse
 from dataclasses import replace
 
 import numpy as np
@@ -9,6 +10,8 @@ import pytest
 
 from gguf_fixtures import tiny_hf_model, write_gguf
 
+from vinoserve.bench import longctx
+from vinoserve.bench.cli import add_bench_parser
 from vinoserve.bench.forked_prefill import ForkedPrefill
 from vinoserve.bench.longctx_tasks import TASKS, Generator, score
 from vinoserve.cache.eviction import CacheEvictionConfig
@@ -82,3 +85,17 @@ def test_forked_prefill_generates_what_the_engine_generates(tiny):
         if setting is not None:
             assert llm.engine.evictor.num_evicted_blocks > 0
     assert len({tuple(t) for t in forked}) > 2  # the settings do differ
+
+
+@pytest.mark.slow
+def test_quick_benchmark_prints_its_table(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    add_bench_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "longctx", "--quick", "--results", str(tmp_path)])
+    longctx.main(args)
+    out = capsys.readouterr().out
+    assert "### 1024 tokens, question last" in out and "| vinoserve full cache |" in out
+    assert "| ours |" in out and "| streaming |" in out
+    assert len(list(tmp_path.rglob("*.jsonl"))) == 5  # full, and two rows at two budgets
+    longctx.main(args)  # again: every reply from the cache
+    assert "vinoserve 1/" not in capsys.readouterr().out

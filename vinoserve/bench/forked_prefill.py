@@ -43,6 +43,8 @@ class ForkedPrefill:
                  done: Callable[[list[int]], bool] = lambda ids: False) -> list[list[int]]:
         """Greedy tokens for each setting (None: the full cache), stopping at EOS, max_tokens, or
         once `done(tokens)`: a scorer that has seen every answer need not read more."""
+        if any(s is not None and s.during_prefill for s in settings):
+            raise ValueError("forked prefill computes the prompt once, without eviction: no during_prefill settings")
         prompt = list(prompt)
         windows = [s.snapkv_window for s in settings if s is not None]
         prefix = len(prompt) - max(windows, default=1)

@@ -19,7 +19,7 @@ import argparse
 import json
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -58,8 +58,14 @@ class Row:
     def cache_name(self) -> str:
         if self.setting is None or self.setting == "full":
             return f"{self.engine}-full"
-        body = self.setting if isinstance(self.setting, str) else repr(self.setting)
-        return f"{self.engine}-{body}"
+        return f"{self.engine}-{self.setting if isinstance(self.setting, str) else setting_name(self.setting)}"
+
+
+def setting_name(cfg: CacheEvictionConfig) -> str:
+    """Every field, sorted: the name stays put when a field is added with a default (old names then
+    miss it, and `during_prefill`, which the forked runner never uses, is left out)."""
+    fields = {k: v for k, v in asdict(cfg).items() if k != "during_prefill"}
+    return ",".join(f"{k}={v}" for k, v in sorted(fields.items()))
 
 
 def our_setting(base: CacheEvictionConfig, budget: int, overrides: str = "") -> CacheEvictionConfig:
@@ -234,6 +240,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inference-precision", default=None)
     p.add_argument("--kv-cache-precision", default=None)
     p.add_argument("--per-task", action="store_true", help="also print every row's score per task")
+    p.add_argument("--report-only", action="store_true", help="print the table from cached replies, compute nothing")
     p.add_argument("--results", type=Path, default=None, help="reply cache folder (default: in the cache root)")
 
 
@@ -258,6 +265,9 @@ def main(args: argparse.Namespace) -> None:
         f"{args.haystack} haystack, seed {args.seed}, precision {precision}, {os.cpu_count()} CPUs of "
         f"{cpu_name()}; replies cached in {cache.dir}")
     start = time.perf_counter()
+    if args.report_only:
+        print(report(samples, rows, cache, budgets, args.per_task))
+        return
     run_ours(samples, [r for r in rows if r.engine == "vinoserve"], cache, options, log)
     genai_rows = [r for r in rows if r.engine == "genai"]
     if genai_rows:

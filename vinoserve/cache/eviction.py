@@ -46,6 +46,12 @@ class CacheEvictionConfig:
     pool_window: int = 7
     policy: str = "blocks"
     protect_window: bool = False  # never evict the prompt's last snapkv_window tokens
+    # "tokens" policy: the share of the scored budget given to the most distinctive keys instead
+    # (lowest cosine to the layer's mean key, KeyDiff), which no query asked for yet
+    diversity: float = 0.0
+    # "tokens" policy: how much each layer's choice follows all layers' (0: its own scores only,
+    # 1: every layer keeps the same tokens, by the mean over layers of each layer's share of attention)
+    layer_mix: float = 0.0
     during_prefill: bool = False
 
     @classmethod
@@ -71,6 +77,8 @@ class CacheEvictionConfig:
             raise ValueError(f"cache_eviction.aggregation must be one of {', '.join(AGGREGATIONS)}")
         if self.policy not in POLICIES:
             raise ValueError(f"cache_eviction.policy must be one of {', '.join(POLICIES)}")
+        if not (0.0 <= self.diversity <= 1.0 and 0.0 <= self.layer_mix <= 1.0):
+            raise ValueError("cache_eviction.diversity and layer_mix must be in [0, 1]")
         if self.snapkv_window < 1 or self.pool_window < 1:
             raise ValueError("cache_eviction.snapkv_window and pool_window must be >= 1")
         if self.protect_window and self.start_size + self.recent_size + self.snapkv_window > self.max_cache_size:
@@ -130,14 +138,15 @@ class EvictionState:
 
         self.scores, self.times_scored, self.protected = map(grown, (self.scores, self.times_scored, self.protected))
 
-    def plan(self, num_cached: int) -> EvictionPlan | None:
-        """What each layer keeps; None while the cache fits (under max_cache_size + one block)."""
+    def plan(self, num_cached: int, distinct: np.ndarray | None = None) -> EvictionPlan | None:
+        """What each layer keeps; None while the cache fits (under max_cache_size + one block).
+        `distinct` [layers, num_cached]: how distinctive each key is (needed with diversity)."""
         cfg, b = self.config, self.block_size
         if num_cached < cfg.max_cache_size + b:
             return None
         self._grow(num_cached)
         if cfg.policy == "tokens":
-            return EvictionPlan(self._top_tokens(num_cached), num_cached, whole_blocks=False)
+            return EvictionPlan(self._top_tokens(num_cached, distinct), num_cached, whole_blocks=False)
         excess = (num_cached - cfg.max_cache_size) // b
         first, end = cfg.start_size // b, (num_cached - cfg.recent_size) // b
         if cfg.policy == "streaming":
@@ -155,14 +164,26 @@ class EvictionState:
             tokens = tokens / np.maximum(self.times_scored[:, :n], 1)
         return tokens
 
-    def _top_tokens(self, n: int) -> list[np.ndarray]:
-        cfg = self.config
+    def _top_tokens(self, n: int, distinct: np.ndarray | None) -> list[np.ndarray]:
+        cfg, size = self.config, self.config.max_cache_size
         scores = self._token_scores(n).copy()
+        if cfg.layer_mix:
+            share = scores / np.maximum(scores.sum(axis=1, keepdims=True), 1e-30)
+            scores = (1 - cfg.layer_mix) * share + cfg.layer_mix * share.mean(axis=0)
         scores[:, :cfg.start_size] = np.inf
         scores[:, n - cfg.recent_size:] = np.inf
         scores[self.protected[:, :n]] = np.inf
-        keep = np.argpartition(-scores, cfg.max_cache_size - 1, axis=1)[:, :cfg.max_cache_size]
-        return list(np.sort(keep, axis=1))
+        if not cfg.diversity or distinct is None:
+            return list(np.sort(np.argpartition(-scores, size - 1, axis=1)[:, :size], axis=1))
+        keep = []
+        for row, keys in zip(scores, distinct):
+            forced = int(np.isinf(row).sum())
+            by_score = size - int((size - forced) * cfg.diversity)
+            first = np.argpartition(-row, by_score - 1)[:by_score]
+            rest = np.setdiff1d(np.arange(n), first)
+            extra = rest[np.argpartition(-keys[rest], size - by_score - 1)[:size - by_score]] if size > by_score else rest[:0]
+            keep.append(np.sort(np.concatenate([first, extra])))
+        return keep
 
     def retain(self, plan: EvictionPlan) -> None:
         """Only the kept tokens' scores remain, in their new (compacted) order."""

@@ -128,7 +128,8 @@ class Evictor:
         if cfg.protect_window and not ev.window_protected and seq.num_computed_tokens >= len(seq.prompt_token_ids):
             ev.state.protect_last(n, min(cfg.snapkv_window, n))  # right after the prompt: its last tokens
             ev.window_protected = True
-        plan = ev.state.plan(n)
+        distinct = self._distinct(seq, n) if cfg.diversity and n >= cfg.max_cache_size + self.blocks.block_size else None
+        plan = ev.state.plan(n, distinct)
         if plan is None:
             return
         if plan.whole_blocks:
@@ -137,6 +138,18 @@ class Evictor:
             self._compact(seq, plan, cfg.rotation)
         seq.num_evicted_tokens += n - len(plan.keep[0])
         ev.state.retain(plan)
+
+    def _distinct(self, seq: Sequence, n: int) -> np.ndarray:
+        """[layers, n]: minus each key's cosine to its layer's mean key, averaged over KV heads."""
+        out = []
+        for layer, table in enumerate(seq.block_tables):
+            keys = self.compactor.keys[layer].read(np.asarray(table))  # [R, H, B, S]
+            keys = keys.transpose(0, 2, 1, 3).reshape(-1, keys.shape[1], keys.shape[3])[:n]
+            unit = keys / np.maximum(np.linalg.norm(keys, axis=-1, keepdims=True), 1e-6)
+            mean = unit.mean(axis=0)
+            mean /= np.maximum(np.linalg.norm(mean, axis=-1, keepdims=True), 1e-6)
+            out.append(-(unit * mean).sum(axis=-1).mean(axis=1))
+        return np.stack(out)
 
     def _compact(self, seq: Sequence, plan: EvictionPlan, rotation: bool) -> None:
         keep_blocks = self.blocks.blocks_for(len(plan.keep[0]))
