@@ -6,7 +6,7 @@
             worth of blocks): how many hold KV at once at most (outputs long enough that memory
             is what limits it), preemptions, the most blocks one held, wall time
 
-    python benchmarks/long_prompt_capacity.py tpot --lengths 1024 2048 4096 8000
+    python benchmarks/long_prompt_capacity.py tpot --lengths 1024 2048 4096 8000 --repeats 3
     python benchmarks/long_prompt_capacity.py capacity --sessions 12 --pool-sessions 2
 
 The built-in model (SmolLM2-135M-Instruct, 8K context) by default, at the CPU's default precisions;
@@ -56,32 +56,41 @@ def prompt(rng, engine: LLMEngine, n: int) -> list[int]:
     return rng.integers(100, engine.model.config.vocab_size - 100, n).tolist()
 
 
+def decode_ms(engine: LLMEngine, ids: list[int], out: int) -> tuple[float, int]:
+    """(milliseconds per output token after the first, the most blocks it held in a layer)."""
+    peak = record_peak(engine)
+    engine.add_request("r", ids, SamplingParams(max_tokens=out, ignore_eos=True, temperature=0))
+    first = done = None
+    while engine.has_unfinished_requests:
+        for o in engine.step():
+            if first is None and o.new_token_ids:
+                first = time.perf_counter()
+            if o.finished:
+                done = time.perf_counter()
+    del engine.runner.prepare  # the recording wrapper
+    return (done - first) / (out - 1) * 1e3, peak["r"]
+
+
 def tpot(args) -> None:
     rng = np.random.default_rng(0)
-    engines = {"full": make_engine(args, False, None, 1), "evict": make_engine(args, True, None, 1)}
+    blocks = -(-8192 // 32) + 1  # one full 8K sequence, whatever memory is free now
+    engines = {"full": make_engine(args, False, blocks, 1), "evict": make_engine(args, True, blocks, 1)}
+    engines = {k: e for k, e in engines.items() if k in args.engines}
     per_block = {k: e.cache.layout.bytes_per_block() * e.model.config.num_layers for k, e in engines.items()}
-    print("| prompt | full TPOT ms | evicting TPOT ms | ratio | full peak KV MiB | evicting peak KV MiB |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for n in args.lengths:
-        ids = prompt(rng, engines["full"], n)
-        got = {}
-        for rep in range(args.repeats):
-            for name, engine in engines.items():  # alternating, so load drifts hit both alike
-                peak = record_peak(engine)
-                engine.add_request("r", ids, SamplingParams(max_tokens=args.out, ignore_eos=True, temperature=0))
-                first = done = None
-                while engine.has_unfinished_requests:
-                    for o in engine.step():
-                        if first is None and o.new_token_ids:
-                            first = time.perf_counter()
-                        if o.finished:
-                            done = time.perf_counter()
-                del engine.runner.prepare  # the recording wrapper
-                got.setdefault(name, []).append(((done - first) / (args.out - 1) * 1e3, peak["r"]))
-        cells = {k: (statistics.median(t for t, _ in v), max(p for _, p in v)) for k, v in got.items()}
-        (ft, fp), (et, ep) = cells["full"], cells["evict"]
-        print(f"| {n} | {ft:.2f} | {et:.2f} | {et / ft:.2f} | {fp * per_block['full'] / 2**20:.1f} "
-              f"| {ep * per_block['evict'] / 2**20:.1f} |")
+    ids = {n: prompt(rng, next(iter(engines.values())), n) for n in args.lengths}
+    got: dict[tuple[str, int], list] = {}
+    for _ in range(args.repeats):  # rounds over every length and engine, so load drifts hit all alike
+        for n in args.lengths:
+            for name, engine in engines.items():
+                got.setdefault((name, n), []).append(decode_ms(engine, ids[n], args.out))
+    cells = {k: (statistics.median(t for t, _ in v), max(p for _, p in v)) for k, v in got.items()}
+    print("| engine | prompt | TPOT ms (median of " + str(args.repeats) + ") | vs the shortest prompt | peak KV MiB |")
+    print("| --- | --- | --- | --- | --- |")
+    for name in engines:
+        base = cells[(name, args.lengths[0])][0]
+        for n in args.lengths:
+            t, peak = cells[(name, n)]
+            print(f"| {name} | {n} | {t:.2f} | {t / base:.2f} | {peak * per_block[name] / 2**20:.1f} |")
 
 
 def capacity(args) -> None:
@@ -114,7 +123,8 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=256, help="max_num_batched_tokens")
     ap.add_argument("--out", type=int, default=64, help="tokens generated per session")
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8000])
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--engines", nargs="+", choices=("full", "evict"), default=["full", "evict"])
     ap.add_argument("--sessions", type=int, default=12)
     ap.add_argument("--pool-sessions", type=int, default=2, help="the pool holds this many full 8K sessions")
     args = ap.parse_args()
