@@ -50,7 +50,7 @@ class CacheEvictionConfig:
     # (lowest cosine to the layer's mean key, KeyDiff), which no query asked for yet
     diversity: float = 0.0
     # "tokens" policy: how much each layer's choice follows all layers' (0: its own scores only,
-    # 1: every layer keeps the same tokens, by the mean over layers of each layer's share of attention)
+    # 1: every layer keeps the same tokens, those most layers would keep)
     layer_mix: float = 0.0
     during_prefill: bool = False
 
@@ -168,8 +168,11 @@ class EvictionState:
         cfg, size = self.config, self.config.max_cache_size
         scores = self._token_scores(n).copy()
         if cfg.layer_mix:
-            share = scores / np.maximum(scores.sum(axis=1, keepdims=True), 1e-30)
-            scores = (1 - cfg.layer_mix) * share + cfg.layer_mix * share.mean(axis=0)
+            # Rank-based, so a layer with sharp attention does not outvote the others: each token's
+            # percentile in its own layer, mixed with the share of layers that would keep it.
+            rank = np.argsort(np.argsort(scores, axis=1), axis=1) / max(n - 1, 1)
+            votes = (rank >= 1 - size / n).mean(axis=0)
+            scores = (1 - cfg.layer_mix) * rank + cfg.layer_mix * votes
         scores[:, :cfg.start_size] = np.inf
         scores[:, n - cfg.recent_size:] = np.inf
         scores[self.protected[:, :n]] = np.inf
