@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from gguf_fixtures import TOKENS, tiny_hf_model, write_gguf
-from server_process import ServerProcess
+from server_process import ServerProcess, sse_events
 from vinoserve.memory import available_memory_bytes, cgroup_room_bytes, memory_limit_bytes
 
 HERE = Path(__file__).parent
@@ -70,12 +70,14 @@ def tiny_gguf(tmp_path_factory) -> Path:
 
 LIMITS = ("--max-request-bytes", "20000", "--max-prompt-tokens", "64", "--max-stop-strings", "2", "--max-n", "4",
           "--max-logprobs", "3")
+CAP = 7  # the model's default output cap on the `server` below (as the built-in model has 256)
 
 
 @pytest.fixture(scope="module")
 def server(tiny_gguf, tmp_path_factory):
     log = tmp_path_factory.mktemp("log") / "server.log"
-    srv = ServerProcess("--model", str(tiny_gguf), "--kv-cache-size", "0.05", *LIMITS, log_path=log).wait_ready()
+    srv = ServerProcess("--model", str(tiny_gguf), "--kv-cache-size", "0.05", *LIMITS,
+                        "--override-generation-config", json.dumps({"max_new_tokens": CAP}), log_path=log).wait_ready()
     yield srv
     assert srv.terminate() == 0
     text = log.read_text()
@@ -128,6 +130,25 @@ def _error(r: httpx.Response, status: int, param: str | None) -> dict:
 ])
 def test_invalid_requests_are_400s(server, path, body, param):
     _error(httpx.post(server.url + path, json=body), 400, param)
+
+
+def test_the_models_output_cap_applies_wherever_a_request_leaves_the_length_open(server):
+    """Chat and Responses (streamed or not) take the model's cap; completions keep OpenAI's 16;
+    Anthropic's max_tokens is required (the random model may end early: the echo shows the cap)."""
+    chat = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]},
+                      timeout=60).json()
+    assert chat["usage"]["completion_tokens"] <= CAP
+    body = {"input": "x", "temperature": 0}
+    whole = httpx.post(f"{server.url}/v1/responses", json=body, timeout=60).json()
+    streamed = sse_events(f"{server.url}/v1/responses", body)[-1]["response"]
+    for r in (whole, streamed):
+        assert r["max_output_tokens"] == CAP and r["usage"]["output_tokens"] <= CAP, r
+        assert r["status"] == "completed" or r["usage"]["output_tokens"] == CAP
+    assert streamed["output"][0]["content"][0]["text"] == whole["output"][0]["content"][0]["text"]
+    completion = httpx.post(f"{server.url}/v1/completions", json={"prompt": "ab", "ignore_eos": True}).json()
+    assert completion["usage"]["completion_tokens"] == 16
+    r = httpx.post(f"{server.url}/v1/messages", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"]
 
 
 def test_an_empty_suffix_is_a_plain_completion(server):
