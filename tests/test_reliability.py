@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import jsonschema
 import pytest
 
 from gguf_fixtures import TOKENS, tiny_hf_model, write_gguf
@@ -197,6 +198,40 @@ def test_openapi_documents_real_statuses(server):
     assert schemas["ChatMessage"]["then"]["required"] == ["content", "tool_call_id"]
 
 
+ASK = [{"role": "user", "content": "x"}]
+F = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("path, schema, body, status", [
+    # The five that schemathesis found valid by the document and refused (issue 33): now the
+    # document refuses them too, or the server takes them.
+    ("/v1/chat/completions", "ChatCompletionRequest", {"messages": ASK, "tools": [], "tool_choice": {}}, 400),
+    ("/v1/chat/completions", "ChatCompletionRequest", {"messages": ASK, "tools": [], "tool_choice": "required"}, 400),
+    ("/v1/chat/completions", "ChatCompletionRequest", {"messages": ASK, "tools": [], "tool_choice": "auto",
+                                                       "max_tokens": 1}, 200),
+    ("/v1/completions", "CompletionRequest", {"prompt": "ab", "guided_choice": ["a"], "guided_grammar": 'start: "a"'},
+     400),
+    ("/v1/messages", "MessagesRequest", {"model": "tiny", "max_tokens": 2, "messages": ASK,
+                                         "thinking": {"type": "enabled", "budget_tokens": 1024}}, 400),
+    ("/v1/messages/count_tokens", "CountTokensRequest", {"model": "tiny", "messages": ASK,
+                                                         "thinking": {"type": "enabled", "budget_tokens": 1024}}, 400),
+    ("/v1/responses", "ResponsesRequest", {"input": "x", "reasoning": {"effort": "high"}}, 400),
+    ("/v1/responses", "ResponsesRequest", {"input": "x", "tools": [{"type": "web_search"}],
+                                           "tool_choice": "required"}, 400),
+])
+def test_the_document_refuses_what_the_server_refuses(server, path, schema, body, status):
+    doc = httpx.get(f"{server.url}/openapi.json").json()
+    validator = jsonschema.Draft202012Validator({"$ref": f"#/components/schemas/{schema}", **doc})
+    r = httpx.post(server.url + path, json=body, timeout=60)
+    assert r.status_code == status, r.text
+    assert validator.is_valid(body) == (status == 200), list(validator.iter_errors(body))[:1]
+
+
+def test_a_named_function_not_among_the_tools_is_the_400_no_schema_can_state(server):
+    body = {"messages": ASK, "tools": [F], "tool_choice": {"type": "function", "function": {"name": "g"}}}
+    _error(httpx.post(f"{server.url}/v1/chat/completions", json=body), 400, "tool_choice")
+
+
 def test_over_capacity_is_503_with_retry_after(tiny_gguf):
     srv = ServerProcess("--model", str(tiny_gguf), "--kv-cache-size", "0.05", "--max-queue", "0").wait_ready()
     try:
@@ -212,7 +247,7 @@ def test_schemathesis_finds_no_failure(default_server, tmp_path):
     source inspection is not thread-safe (a tool error, not a finding)."""
     cmd = [sys.executable, "-m", "schemathesis.cli", "--config-file", str(HERE / "schemathesis.toml"), "run",
            f"{default_server.url}/openapi.json", "--checks", "all", "--max-examples", "12", "--seed", "7", "--workers", "1",
-           "--no-color", "--generation-database", "none", "--request-timeout", "60"]
+           "--no-color", "--generation-database", "none", "--request-timeout", "60", "--max-response-time", "10"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     (tmp_path / "schemathesis.out").write_text(r.stdout)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, ConfigDict, Field
 
 from vinoserve.server.errors import APIError
-from vinoserve.server.protocol import Int, _Request, bounded_int, unsupported
+from vinoserve.server.protocol import Int, _Request, bounded_int, needs_tools, unsupported
 from vinoserve.server.responses.schema import (Includable, Item, Metadata, ReasoningConfig, TextConfig, Tool,
                                                ToolChoice, ToolChoiceAllowed, ToolChoiceFunction)
 from vinoserve.server.responses.tools import OfferedTools, flat_name
@@ -38,6 +38,13 @@ def _no_logprobs(value: object) -> object:
 
 
 class ResponsesRequest(_Request):
+    # required (or allowed_tools' required) or a named function needs a function tool (built-in tools
+    # are not offered: tools.py); that the named ones are among them no JSON schema can say (a 400).
+    model_config = ConfigDict(json_schema_extra=needs_tools(
+        {"anyOf": [{"const": "required"}, {"required": ["type"], "properties": {"type": {"const": "function"}}},
+                   {"required": ["mode"], "properties": {"mode": {"const": "required"}}}]},
+        {"type": "array", "contains": {"required": ["type"], "properties": {"type": {"enum": ["function",
+                                                                                              "namespace"]}}}}))
     model: str | None = None
     input: str | Annotated[list[Item], Field(min_length=1)]
     instructions: str | None = None

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Discriminator, Field, Tag
 
-from vinoserve.server.protocol import _Request
+from vinoserve.server.protocol import WITHOUT_REASONING, _Request
 
 
 class TextPart(_Request):
@@ -144,7 +144,8 @@ class TextConfig(_Request):
 
 
 class ReasoningConfig(_Request):
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
+        None, json_schema_extra={WITHOUT_REASONING: {"enum": ["none", None]}})
     summary: Literal["auto", "concise", "detailed"] | None = None
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
 
