@@ -196,6 +196,10 @@ def test_openapi_documents_real_statuses(server):
     schemas = doc["components"]["schemas"]
     assert schemas["DetokenizeRequest"]["properties"]["tokens"]["items"]["maximum"] == len(TOKENS) - 1
     assert schemas["ChatMessage"]["then"]["required"] == ["content", "tool_call_id"]
+    # Bounds as JSON Schema states them (minimum), not pydantic's bare "ge".
+    assert schemas["CompletionRequest"]["properties"]["max_tokens"]["anyOf"][0]["minimum"] == 0
+    assert schemas["ChatCompletionRequest"]["properties"]["top_logprobs"]["anyOf"][0]["maximum"] == 20
+    assert '"ge"' not in json.dumps(doc) and '"le"' not in json.dumps(doc)
 
 
 ASK = [{"role": "user", "content": "x"}]

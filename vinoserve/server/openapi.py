@@ -47,7 +47,8 @@ _LINKS = {"/v1/responses": ("/v1/responses/{response_id}", "/v1/responses/{respo
 
 
 def install(app: FastAPI, vocab_size: Callable[[], int | None] = lambda: None,
-            model_name: Callable[[], str | None] = lambda: None, reasons: Callable[[], bool | None] = lambda: None) -> None:
+            model_name: Callable[[], str | None] = lambda: None,
+            reasons: Callable[[], bool | None] = lambda: None) -> None:
     """`vocab_size`, `model_name` and `reasons` (whether it reasons) give the model's, once it is
     loaded: token ids (fields marked x-token-id) are then documented as below it, fields marked
     x-model-name as the served name, and for a model that does not reason, fields marked

@@ -42,7 +42,7 @@ def bounded_int(**bounds: int):
     """An Int within bounds (ge=, le=) that the OpenAPI document states as minimum/maximum: a
     Field placed after the validator, inside `| None`, would come out as a bare "ge"."""
     return Annotated[int, Field(**bounds), BeforeValidator(_whole)]
-TokenId = Annotated[Int, Field(ge=0)]
+TokenId = bounded_int(ge=0)
 # An id the server checks against the vocabulary: the OpenAPI document states that bound (openapi.py).
 VocabTokenId = Annotated[Int, Field(ge=0), WithJsonSchema({"type": "integer", "minimum": 0, "x-token-id": True})]
 TokenIds = Annotated[list[VocabTokenId], Field(min_length=1)]
@@ -90,7 +90,7 @@ def needs_tools(choices: dict, tools: dict | None = None) -> dict:
 class _Sampling(_Request):
     model_config = ConfigDict(json_schema_extra=ONE_CONSTRAINT)
     model: str | None = None
-    max_tokens: Int | None = Field(None, ge=1)
+    max_tokens: bounded_int(ge=1) | None = None
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
     n: Int = Field(1, ge=1)
@@ -102,7 +102,7 @@ class _Sampling(_Request):
     seed: Int | None = None
     user: str | None = None
     # vLLM's extensions
-    top_k: Int | None = Field(None, ge=-1)
+    top_k: bounded_int(ge=-1) | None = None
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0)
     stop_token_ids: list[TokenId] | None = None
@@ -131,9 +131,9 @@ class CompletionRequest(_Sampling):
         "then": {"required": ["echo"], "properties": {"echo": {"const": True}}}})
     prompt: NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)] | TokenIds | Annotated[
         list[TokenIds], Field(min_length=1)]
-    logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # top-k alternatives per token
+    logprobs: bounded_int(ge=0, le=MAX_LOGPROBS) | None = None  # top-k alternatives per token
     echo: bool = False
-    max_tokens: Int | None = Field(None, ge=0)  # 0 with echo: score the prompt only
+    max_tokens: bounded_int(ge=0) | None = None  # 0 with echo: score the prompt only
     best_of: int | None = None  # generate this many per prompt, return the n most likely
     suffix: str | None = None
 
@@ -168,9 +168,9 @@ class ChatCompletionRequest(_Sampling):
     model_config = ConfigDict(json_schema_extra={
         **ONE_CONSTRAINT, **needs_tools({"anyOf": [{"const": "required"}, {"type": "object"}]})})
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Int | None = Field(None, ge=1)
+    max_completion_tokens: bounded_int(ge=1) | None = None
     logprobs: bool = False
-    top_logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: bounded_int(ge=0, le=MAX_LOGPROBS) | None = None
     add_generation_prompt: bool = True
     tools: Annotated[list[dict] | None, WithJsonSchema({"anyOf": [{"type": "array", "items": TOOL_SCHEMA},
                                                                   {"type": "null"}]})] = None

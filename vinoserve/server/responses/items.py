@@ -30,8 +30,9 @@ def to_messages(items: list[dict]) -> list[dict]:
                 message["reasoning_content"], reasoning = reasoning, None
             messages.append(message)
         elif kind == "function_call":  # a namespace's function under the name the model was offered
+            name = flat_name(item.get("namespace"), item["name"])
             call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": flat_name(item.get("namespace"), item["name"]), "arguments": item["arguments"]}}
+                    "function": {"name": name, "arguments": item["arguments"]}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and reasoning is None:
                 last.setdefault("tool_calls", []).append(call)

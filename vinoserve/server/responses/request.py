@@ -97,8 +97,8 @@ def chat_fields(body: ResponsesRequest, messages: list[dict], reasons: bool, off
                                          "presence_penalty", "frequency_penalty"}, exclude_none=True)}
     choice, tools = chat_tool_choice(body.tool_choice, offered.chat)
     if not tools and offered.not_offered and choice not in (None, "auto", "none"):
-        raise APIError(400, f"tool_choice {body.tool_choice!r} needs a function tool: built-in tools "
-                            f"({', '.join(offered.not_offered)}) are not offered to the model here", "tool_choice")
+        raise APIError(400, f"tool_choice needs a function tool: built-in tools ({', '.join(offered.not_offered)}) "
+                            "are not offered to the model here", "tool_choice")
     if tools:
         fields["tools"] = tools
     if choice is not None:
