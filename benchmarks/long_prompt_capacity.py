@@ -11,7 +11,8 @@
 
 The built-in model (SmolLM2-135M-Instruct, 8K context) by default, at the CPU's default precisions;
 prompts are random token ids (what is measured here is memory and time, not what survives:
-`vinoserve bench longctx` measures that). Eviction: start 32, recent 128, budget --budget tokens.
+`vinoserve bench longctx` measures that). Eviction: start 32, recent 128, budget --budget tokens,
+--policy as `vinoserve serve --eviction-policy` runs it (default: tokens, the benchmark's choice).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from vinoserve.scheduler.scheduler import SchedulerConfig
 
 
 def make_engine(args, evict: bool, blocks: int | None, max_seqs: int = 256) -> LLMEngine:
-    eviction = CacheEvictionConfig(32, 128, args.budget, during_prefill=True) if evict else None
+    eviction = CacheEvictionConfig.parse(f"32,128,{args.budget}", args.policy, during_prefill=True) if evict else None
     return LLMEngine(EngineConfig(args.model, num_kv_blocks=blocks, cache_eviction=eviction,
                                   scheduler=SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=args.chunk)),
                      log=lambda m: None)
@@ -120,6 +121,7 @@ def main() -> None:
     ap.add_argument("mode", choices=("tpot", "capacity"))
     ap.add_argument("--model", default=None)
     ap.add_argument("--budget", type=int, default=1024, help="max_cache_size, tokens")
+    ap.add_argument("--policy", choices=("tokens", "blocks", "streaming"), default="tokens")
     ap.add_argument("--chunk", type=int, default=256, help="max_num_batched_tokens")
     ap.add_argument("--out", type=int, default=64, help="tokens generated per session")
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8000])

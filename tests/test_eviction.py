@@ -214,3 +214,11 @@ def test_token_eviction_compacts_and_rotates_to_a_fresh_run_on_the_survivors(one
     for token, lp in top:
         assert abs(lp - ref[token]) < tol, (token, lp, ref[token])
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+def test_the_cli_runs_the_policy_the_benchmark_chose():
+    from vinoserve.bench.longctx import OURS
+
+    assert CacheEvictionConfig.parse("32,128,672") == replace(OURS, max_cache_size=672)
+    blocks = CacheEvictionConfig.parse("32,128,672", "blocks", rotation=False)
+    assert blocks == CacheEvictionConfig(32, 128, 672, rotation=False)  # genai's policy, as before

@@ -71,6 +71,11 @@ def tiny(tmp_path_factory):
     return str(write_gguf(hf, tmp_path_factory.mktemp("longctx") / "tiny.gguf"))
 
 
+def test_rows_that_evict_during_prefill_are_cached_apart():
+    assert longctx.setting_name(TOKENS) == longctx.setting_name(replace(TOKENS, during_prefill=False))
+    assert longctx.setting_name(replace(TOKENS, during_prefill=True)) != longctx.setting_name(TOKENS)
+
+
 def test_forked_prefill_generates_what_the_engine_generates(tiny):
     prompt = np.random.default_rng(5).integers(3, 250, 400).tolist()
     engine = LLMEngine(EngineConfig(model=tiny, compile=F32, num_kv_blocks=200, cache_eviction=TOKENS),

@@ -45,6 +45,9 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-eviction", default=None, metavar="START,RECENT,MAX",
                    help="evict KV blocks by attention score: keep the first START and last RECENT tokens, "
                         "cap each sequence's cache at MAX tokens (multiples of the block size, e.g. 32,128,672)")
+    p.add_argument("--eviction-policy", choices=("tokens", "blocks", "streaming"), default="tokens",
+                   help="tokens: the best-scoring tokens of each layer, compacted (default); blocks: whole "
+                        "blocks by score (openvino-genai's); streaming: start + recent only")
     p.add_argument("--eviction-aggregation", choices=("norm_sum", "sum"), default="norm_sum")
     p.add_argument("--no-rotation", action="store_true",
                    help="do not re-rotate the keys of blocks that move after an eviction")
@@ -145,7 +148,8 @@ def _engine_config(args: argparse.Namespace):
 
     eviction = None
     if args.cache_eviction:
-        eviction = CacheEvictionConfig.parse(args.cache_eviction, aggregation=args.eviction_aggregation,
+        eviction = CacheEvictionConfig.parse(args.cache_eviction, args.eviction_policy,
+                                             aggregation=args.eviction_aggregation,
                                              rotation=not args.no_rotation,
                                              during_prefill=args.evict_during_prefill)
     scheduler = SchedulerConfig()

@@ -26,12 +26,12 @@ import numpy as np
 
 from vinoserve.bench.haystack import HAYSTACKS, haystack_text
 from vinoserve.bench.longctx_tasks import PLACEMENTS, SINGLE_NEEDLE_TASKS, TASKS, Generator, Sample, score
-from vinoserve.cache.eviction import CacheEvictionConfig
+from vinoserve.cache.eviction import RECOMMENDED, CacheEvictionConfig
 from vinoserve.model.paged import CompileOptions
 from vinoserve.model.storage import cache_root
 
-# What `ours` means: the policy the benchmark chose (docs/eviction.md has the runs behind it).
-OURS = CacheEvictionConfig(policy="tokens", snapkv_window=32, protect_window=True)
+# What `ours` means: the policy the benchmark chose, as `--cache-eviction` runs it (docs/eviction.md).
+OURS = CacheEvictionConfig(**RECOMMENDED["tokens"])
 # The rows, by name: ours and its ablations, the baselines and genai's pipeline.
 OUR_ROWS = {
     "ours": OURS,
@@ -39,6 +39,7 @@ OUR_ROWS = {
     "blocks": CacheEvictionConfig(policy="blocks"),  # vinoserve before: genai's policy, rotated
     "blocks-no-rotation": CacheEvictionConfig(policy="blocks", rotation=False),
     "streaming": CacheEvictionConfig(policy="streaming"),
+    "ours-prefill": replace(OURS, during_prefill=True),  # evicting after every prompt chunk too
 }
 GENAI_ROWS = {"genai": "default", "genai-best": "window=32,kvcrush=2:alternating"}
 DEFAULT_ROWS = "ours,ours-no-rotation,streaming,blocks,genai,genai-best"
@@ -63,8 +64,8 @@ class Row:
 
 def setting_name(cfg: CacheEvictionConfig) -> str:
     """Every field, sorted: the name stays put when a field is added with a default (old names then
-    miss it, and `during_prefill`, which the forked runner never uses, is left out)."""
-    fields = {k: v for k, v in asdict(cfg).items() if k != "during_prefill"}
+    miss it); `during_prefill` only where it is on (names from before it existed stay valid)."""
+    fields = {k: v for k, v in asdict(cfg).items() if k != "during_prefill" or v}
     return ",".join(f"{k}={v}" for k, v in sorted(fields.items()))
 
 
@@ -108,10 +109,15 @@ class ResultCache:
 
 
 def run_ours(samples: list[Sample], rows: list[Row], cache: ResultCache, options: CompileOptions, log) -> None:
-    """Every vinoserve row's replies, one prefill per prompt for all of them."""
+    """Every vinoserve row's replies, one prefill per prompt for all of them (rows that evict during
+    prefill compute their own prompts, in the engine's step loop)."""
     from vinoserve.bench.forked_prefill import ForkedPrefill
     from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 
+    streamed = [r for r in rows if isinstance(r.setting, CacheEvictionConfig) and r.setting.during_prefill]
+    if streamed:
+        run_streamed(samples, streamed, cache, options, log)
+        rows = [r for r in rows if r not in streamed]
     todo = [(s, [r for r in rows if s.key not in cache.get(r.cache_name)]) for s in samples]
     todo = [(s, rs) for s, rs in todo if rs]
     if not todo:
@@ -128,6 +134,30 @@ def run_ours(samples: list[Sample], rows: list[Row], cache: ResultCache, options
             cache.put(r.cache_name, sample, tok.decode(ids))
         log(f"  vinoserve {i + 1}/{len(todo)} {sample.task} {sample.length} {sample.placement}: "
             f"{len(rs)} rows in {time.perf_counter() - start:.1f} s")
+
+
+def run_streamed(samples: list[Sample], rows: list[Row], cache: ResultCache, options: CompileOptions, log) -> None:
+    """Rows that evict during prefill, as a server runs them: every (prompt, row) one request, all
+    queued at once in one engine, the row's settings as the request's cache_eviction overrides."""
+    from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
+    from vinoserve.scheduler.sampling_params import SamplingParams
+
+    todo = [(s, r) for r in rows for s in samples if s.key not in cache.get(r.cache_name)]
+    if not todo:
+        return
+    start = time.perf_counter()
+    engine = LLMEngine(EngineConfig(compile=options, cache_eviction=OURS), log=lambda m: None)
+    for i, (s, r) in enumerate(todo):
+        engine.add_request(str(i), list(s.prompt_ids), SamplingParams(max_tokens=s.max_tokens, temperature=0),
+                           cache_eviction=asdict(r.setting))
+    ids: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests:
+        for out in engine.step():
+            ids.setdefault(out.request_id, []).extend(out.new_token_ids)
+            if out.finished:
+                s, r = todo[int(out.request_id)]
+                cache.put(r.cache_name, s, engine.tokenizer.decode(ids[out.request_id]))
+    log(f"  vinoserve, evicting during prefill: {len(todo)} requests in {time.perf_counter() - start:.0f} s")
 
 
 def run_genai(samples: list[Sample], rows: list[Row], cache: ResultCache, tokenizer, eos: tuple[int, ...], log) -> None:

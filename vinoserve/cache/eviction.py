@@ -33,6 +33,15 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 AGGREGATIONS = ("sum", "norm_sum")
 POLICIES = ("tokens", "blocks", "streaming")
+# What `--cache-eviction` runs per policy, chosen by `vinoserve bench longctx` (docs/eviction.md has
+# the runs): tokens scored over the prompt's last 32 queries, pooled over 31 neighbours (a needle's
+# sentence survives with it), the question protected, each layer's choice half its own and half
+# all layers' vote. "blocks" keeps the dataclass defaults: openvino-genai's policy, rotated.
+RECOMMENDED = {
+    "tokens": dict(policy="tokens", snapkv_window=32, pool_window=31, protect_window=True, layer_mix=0.5),
+    "blocks": dict(policy="blocks"),
+    "streaming": dict(policy="streaming"),
+}
 
 
 @dataclass(frozen=True)
@@ -55,13 +64,13 @@ class CacheEvictionConfig:
     during_prefill: bool = False
 
     @classmethod
-    def parse(cls, spec: str, **kwargs) -> CacheEvictionConfig:
-        """'START,RECENT,MAX' as the CLI takes it."""
+    def parse(cls, spec: str, policy: str = "tokens", **kwargs) -> CacheEvictionConfig:
+        """'START,RECENT,MAX' as the CLI takes it, with the policy's recommended settings."""
         try:
             start, recent, maximum = (int(x) for x in spec.split(","))
         except ValueError as e:
             raise ValueError(f"cache_eviction must be START,RECENT,MAX (tokens), got {spec!r}") from e
-        return cls(start, recent, maximum, **kwargs)
+        return cls(start, recent, maximum, **{**RECOMMENDED.get(policy, {"policy": policy}), **kwargs})
 
     def validate(self, block_size: int) -> None:
         for name in ("start_size", "recent_size", "max_cache_size"):

@@ -65,7 +65,7 @@ class Evictor:
             self.compactor, self._cannot_compact = None, e
         self._check(config)
         self.num_evicted_blocks = 0  # block-table entries freed, summed over layers
-        self.num_rotated_blocks = 0  # whole blocks re-rotated (block policies)
+        self.num_rotated_blocks = 0  # blocks re-rotated (token policy: blocks' worth of moved keys)
         self.num_moved_tokens = 0  # tokens moved and re-rotated (token policy), summed over layers
 
     def new_sequence(self, overrides: dict | None) -> SequenceEviction | None:
@@ -155,7 +155,10 @@ class Evictor:
         keep_blocks = self.blocks.blocks_for(len(plan.keep[0]))
         for layer, keep in enumerate(plan.keep):
             table = seq.block_tables[layer]
-            self.num_moved_tokens += self.compactor.compact(layer, table, keep, rotation)
+            moved = self.compactor.compact(layer, table, keep, rotation)
+            self.num_moved_tokens += moved
+            if rotation:  # counted in blocks' worth of re-rotated keys, as the block policies count
+                self.num_rotated_blocks += -(-moved // self.blocks.block_size)
             self.num_evicted_blocks += len(table) - keep_blocks
             self.blocks.drop(layer, table, list(range(keep_blocks, len(table))))
 
