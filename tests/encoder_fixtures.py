@@ -48,7 +48,8 @@ def save_embedder(path: Path, model_type: str = "bert", pooling: str = "mean", n
                   max_seq_length: int = 64, seed: int = 0, **overrides) -> Path:
     """A sentence-transformers directory: random encoder, Pooling(pooling), Normalize if asked."""
     import torch
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import modules as models
     from transformers import AutoModel
 
     torch.manual_seed(seed)

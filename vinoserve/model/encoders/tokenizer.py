@@ -65,3 +65,10 @@ class EncoderTokenizer:
             if len(e.ids) > limit:
                 raise TooLong(i, len(e.ids), limit)
         return out
+
+    def cut(self, texts: list[str], max_tokens: int) -> list[str]:
+        """Each text cut after its first `max_tokens` tokens (by the tokens' character offsets),
+        for a per-document cap such as Cohere's max_tokens_per_doc."""
+        with self._lock:
+            done = self._tok.encode_batch(texts, add_special_tokens=False)
+        return [t if len(e.ids) <= max_tokens else t[:e.offsets[max_tokens - 1][1]] for t, e in zip(texts, done)]
