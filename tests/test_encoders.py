@@ -100,3 +100,30 @@ def test_the_graph_is_cached_by_the_weights(tmp_path, monkeypatch):
     load_encoder(path, F32, log=logs.append)
     assert sum("building" in line for line in logs) == 1
     assert len(list((tmp_path / "cache" / "encoders").iterdir())) == 1
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_gguf_bert_as_llama_cpp_writes_it(tmp_path, dtype):
+    """The GGUF of a sentence-transformers BERT (written as llama.cpp's converter does) serves the
+    same vectors; llama.cpp itself reads the file to the same vectors (the writer is right)."""
+    from sentence_transformers import SentenceTransformer
+
+    from vinoserve.bench.bert_gguf import write_bert_gguf
+
+    st = save_embedder(tmp_path, "bert", "mean", True)
+    gguf_file = write_bert_gguf(st, tmp_path / "tiny.gguf", dtype)
+    reference = SentenceTransformer(str(st), device="cpu").encode(TEXTS)
+    model = load_encoder(gguf_file, F32, log=lambda _: None)
+    assert (model.config.pooling, model.config.normalize, model.config.num_layers) == ("mean", True, 2)
+    hf_ids = SentenceTransformer(str(st), device="cpu").tokenizer(TEXTS)["input_ids"]
+    assert [e.ids for e in model.tokenizer.encode(TEXTS, 80, truncate=True)] == hf_ids
+    got = _embed(model, TEXTS, "padded")
+    assert _cosines(got, reference).min() >= (0.99999 if dtype == "f32" else 0.9999)
+    if dtype == "f32":
+        xllamacpp = pytest.importorskip("xllamacpp")
+        params = xllamacpp.CommonParams()
+        params.model.path, params.embedding, params.n_ctx = str(gguf_file), True, 512
+        server = xllamacpp.Server(params)
+        llama = np.array([d["embedding"] for d in server.handle_embeddings({"input": TEXTS, "model": "m"})["data"]])
+        del server
+        assert _cosines(llama, reference).min() >= 0.9999

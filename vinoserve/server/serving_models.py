@@ -8,6 +8,7 @@ from pathlib import Path
 
 from vinoserve.model.encoders.batcher import EncoderBatcher
 from vinoserve.model.encoders.config import is_encoder_dir
+from vinoserve.model.encoders.gguf import is_encoder_gguf
 from vinoserve.model.encoders.model import EncoderOptions, load_encoder
 from vinoserve.server.registry import EncoderServing, ModelRegistry
 
@@ -30,7 +31,7 @@ def parse_models(values: list[str] | None) -> ModelList:
         if served in names:
             raise ValueError(f"--model: two models are served as {served!r}; name them NAME=PATH")
         names.add(served)
-        if is_encoder_dir(Path(path).expanduser()):
+        if is_encoder_dir(Path(path).expanduser()) or is_encoder_gguf(Path(path).expanduser()):
             encoders.append((served, path))
         elif chat is not None:
             raise ValueError(f"--model: {chat[1]} and {path} are both generation models; one server runs one "

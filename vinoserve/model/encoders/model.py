@@ -15,12 +15,13 @@ import numpy as np
 import openvino as ov
 
 from vinoserve.model.encoders.config import EncoderConfig, read_encoder_config
+from vinoserve.model.encoders.gguf import read_gguf_encoder
 from vinoserve.model.encoders.graph import build_encoder
 from vinoserve.model.encoders.packing import Layout, Sequence, pack
 from vinoserve.model.encoders.safetensors import SafeTensors
 from vinoserve.model.encoders.tokenizer import EncoderTokenizer
 from vinoserve.model.errors import ModelLoadError, last_line
-from vinoserve.model.storage import atomic_dir, cache_root
+from vinoserve.model.storage import atomic_dir, cache_root, sha256_file
 
 # Bump when the graph or the cached directory's layout changes, so stale conversions are not reused.
 ENCODER_VERSION = 2
@@ -80,18 +81,22 @@ def load_encoder(model_dir: Path, options: EncoderOptions = EncoderOptions(), lo
 
 
 def converted_encoder_dir(model_dir: Path, log=print) -> Path:
-    """The cached graph + tokenizer + config for this directory, built first if missing."""
-    config = read_encoder_config(model_dir)
-    tensors = SafeTensors.of_dir(model_dir)
-    digest = _digest(model_dir)
-    target = cache_root() / "encoders" / f"{model_dir.name}-{digest[:16]}-v{ENCODER_VERSION}"
+    """The cached graph + tokenizer + config for this directory or GGUF, built first if missing."""
+    gguf_file = model_dir.suffix == ".gguf"
+    digest = sha256_file(model_dir) if gguf_file else _digest(model_dir)
+    name = model_dir.stem if gguf_file else model_dir.name
+    target = cache_root() / "encoders" / f"{name}-{digest[:16]}-v{ENCODER_VERSION}"
     if (target / "openvino_model.xml").is_file():
         return target
+    if gguf_file:
+        config, tensor, tokenizer = read_gguf_encoder(model_dir)
+    else:
+        config, tokenizer = read_encoder_config(model_dir), EncoderTokenizer.from_dir(model_dir)
+        tensor = _resolver(SafeTensors.of_dir(model_dir), model_dir)
     log(f"building the encoder graph of {model_dir} into {target} ...")
     start = time.perf_counter()
-    tokenizer = EncoderTokenizer.from_dir(model_dir)
     with atomic_dir(target) as tmp:
-        save_encoder(tmp, config, _resolver(tensors, model_dir), tokenizer)
+        save_encoder(tmp, config, tensor, tokenizer)
     log(f"built in {time.perf_counter() - start:.1f} s")
     return target
 
