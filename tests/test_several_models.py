@@ -36,16 +36,19 @@ def test_concurrent_requests_share_batches(tmp_path):
     seqs = [Sequence(list(range(5, 5 + n))) for n in (3, 9, 4, 30, 7) * 8]
     alone = np.stack([model.run([s])[0] for s in seqs])
 
-    async def together() -> list[np.ndarray]:
-        batcher = EncoderBatcher(model)
+    async def together(batcher: EncoderBatcher) -> list[np.ndarray]:
         try:
             return await asyncio.gather(*(batcher.run([s]) for s in seqs)), batcher.batches
         finally:
             batcher.shutdown()
 
-    rows, batches = asyncio.run(together())
+    rows, batches = asyncio.run(together(EncoderBatcher(model)))
     assert batches < len(seqs) / 4  # packed, not one call a request
     assert np.abs(np.concatenate(rows) - alone).max() < 1e-5
+    # Beside a decoding chat model: slices, same rows.
+    sliced = EncoderBatcher(model, max_batch_tokens=64, chat_busy=lambda: True, share=0.5)
+    rows, batches = asyncio.run(together(sliced))
+    assert np.abs(np.concatenate(rows) - alone).max() < 1e-5 and batches > 1
 
 
 @pytest.fixture(scope="module")

