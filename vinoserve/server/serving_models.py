@@ -9,6 +9,7 @@ from pathlib import Path
 
 from vinoserve.model.encoders.batcher import EncoderBatcher
 from vinoserve.model.encoders.config import is_encoder_dir
+from vinoserve.model.encoders.decoder import DecoderPooler, pooling_kind
 from vinoserve.model.encoders.gguf import is_encoder_gguf
 from vinoserve.model.encoders.model import EncoderOptions, load_encoder
 from vinoserve.server.registry import EncoderServing, ModelRegistry
@@ -32,7 +33,7 @@ def parse_models(values: list[str] | None) -> ModelList:
         if served in names:
             raise ValueError(f"--model: two models are served as {served!r}; name them NAME=PATH")
         names.add(served)
-        if is_encoder_dir(Path(path).expanduser()) or is_encoder_gguf(Path(path).expanduser()):
+        if _is_pooling_model(Path(path).expanduser()):
             encoders.append((served, path))
         elif chat is not None:
             raise ValueError(f"--model: {chat[1]} and {path} are both generation models; one server runs one "
@@ -40,6 +41,11 @@ def parse_models(values: list[str] | None) -> ModelList:
         else:
             chat = (name, path)
     return ModelList(chat, tuple(encoders))
+
+
+def _is_pooling_model(path: Path) -> bool:
+    """An encoder directory or GGUF, or a decoder GGUF marked as an embedder or reranker."""
+    return is_encoder_dir(path) or is_encoder_gguf(path) or pooling_kind(path) is not None
 
 
 def _split(value: str) -> tuple[str | None, str]:
@@ -62,7 +68,11 @@ def load_encoders(encoders: tuple[tuple[str, str], ...], chat_name: str | None, 
     of the time (model/encoders/batcher.py says why)."""
     registry = ModelRegistry(chat=chat_name)
     for name, path in encoders:
-        model = load_encoder(Path(path).expanduser(), options, log=log.info)
+        where = Path(path).expanduser()
+        if pooling_kind(where) is not None:
+            model = DecoderPooler(where, options, log=log.info)
+        else:
+            model = load_encoder(where, options, log=log.info)
         batcher = EncoderBatcher(model, name=name, chat_busy=chat_busy, share=share)
         registry.encoders[name] = EncoderServing(name, model, batcher)
         log.info("serving %s", registry.encoders[name].describe())
