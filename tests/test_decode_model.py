@@ -72,24 +72,13 @@ def test_decode_model_stays_off_where_it_cannot_help(q4_0, monkeypatch):
     graph = build_model(q4_0.config, q4_0.tensor, "auto")
     assert 0 < decode_model.weight_bytes(graph) < 2**24
     monkeypatch.setattr(decode_model, "MEMORY_SHARE", 0.0)
-    assert not decode_model.wanted("CPU", "bf16", None, graph)
+    assert not decode_model.wanted(None, graph)
     # a KV precision the two compilations cannot share keeps it off, or is refused when it is forced
     model = compile_paged(build_model(q4_0.config, q4_0.tensor, "auto"), CompileOptions(kv_cache_precision="f16"))
     assert model.decode is None
     with pytest.raises(ModelLoadError, match="decode model shares a u8 KV cache"):
         compile_paged(build_model(q4_0.config, q4_0.tensor, "auto"),
                       CompileOptions(kv_cache_precision="f16", decode_model=True))
-
-
-def test_cpu_flags(tmp_path):
-    info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f\n")
-    assert not decode_model.cpu_has_vnni(info)
-    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni\n")
-    assert decode_model.cpu_has_vnni(info)
-    info.write_text("flags\t\t: fpu avx2 avx_vnni\n")
-    assert decode_model.cpu_has_vnni(info)
-    assert not decode_model.cpu_has_vnni(tmp_path / "missing")
 
 
 @pytest.mark.parametrize("flag,value", [("auto", None), ("on", True), ("off", False)])

@@ -32,10 +32,15 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
                    help="default: u8 with the decode model, else bf16 where compute runs in bf16 on CPU, "
                         "else the device's choice")
     p.add_argument("--decode-model", choices=("auto", "on", "off"), default="auto",
-                   help="auto: on CPUs computing in bf16 with VNNI, with low-bit weights of at most a fifth of the "
+                   help="auto: on AMX CPUs computing in bf16, with low-bit weights of at most a fifth of the "
                         "memory, steps of up to 3 tokens run on a second compilation (f32, int8 activations): faster "
                         "single-stream decode for a second packed copy of the weights; the KV cache is then u8. "
-                        "on: whatever the weights' size")
+                        "on: on any CPU, whatever the weights' size")
+    p.add_argument("--dynamic-quantization-group-size", type=int, default=None, metavar="N",
+                   help="OpenVINO's DYNAMIC_QUANTIZATION_GROUP_SIZE: matmuls with low-bit weights round their "
+                        "inputs to int8 per N values (faster, less exact); 0: off. Default: per CPU class "
+                        "(off on AVX512_BF16 CPUs without AMX, where it costs 2-3%% perplexity; the plugin's "
+                        "elsewhere)")
     p.add_argument("--threads", type=int, default=None, help="inference threads (default: all cores)")
     p.add_argument("--kv-cache-size", type=float, default=None, metavar="GB",
                    help="KV cache memory (default: a quarter of the memory available at start, "
@@ -145,7 +150,8 @@ def _engine_config(args: argparse.Namespace):
     config = EngineConfig(
         model=args.model, weight_format=args.weight_format,
         compile=CompileOptions(args.device, args.inference_precision, args.kv_cache_precision, args.threads,
-                               decode_model={"auto": None, "on": True, "off": False}[args.decode_model]),
+                               decode_model={"auto": None, "on": True, "off": False}[args.decode_model],
+                               dynamic_quantization_group_size=args.dynamic_quantization_group_size),
         scheduler=scheduler, kv_cache_size_gb=args.kv_cache_size, cache_eviction=eviction,
         enable_prefix_caching=args.enable_prefix_caching, overlap_steps=args.overlap_steps,
         speculative=SpeculativeConfig.parse(args.speculative_config) if args.speculative_config else None,

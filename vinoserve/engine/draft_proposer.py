@@ -70,6 +70,9 @@ class DraftModelProposer:
         for seq in [s for s, st in self._states.items() if s.status.is_finished or s.status is SequenceStatus.PREEMPTED]:
             self.blocks.free(self._states.pop(seq).tables)
 
+    def may_propose(self, seq: Sequence) -> bool:
+        return True  # a draft model always has a guess
+
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         self.drop_finished()
         proposals: list[list[int]] = [[] for _ in seqs]

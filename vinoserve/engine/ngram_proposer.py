@@ -49,9 +49,14 @@ class NgramProposer:
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         return [find_continuation(self._array(seq), self.n_min, self.n_max, k).tolist() for seq, k in zip(seqs, ks)]
 
+    def may_propose(self, seq: Sequence) -> bool:
+        """The known tokens' shortest suffix occurred before: while a sequence copies a run of its
+        context, each step's suffix does, so the next one's (a token longer) likely will too."""
+        return len(find_continuation(self._array(seq), self.n_min, self.n_min, 1)) > 0
+
     def _array(self, seq: Sequence) -> np.ndarray:
         buf, size = self._tokens.get(seq, (None, 0))
-        total = seq.num_tokens
+        total = seq.num_known_tokens  # a token still being sampled is not there yet
         if buf is None or len(buf) < total:
             grown = np.empty(max(2 * total, 256), dtype=np.int64)
             if buf is not None:

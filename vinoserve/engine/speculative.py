@@ -74,6 +74,10 @@ class Proposer(Protocol):
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         """Up to ks[i] tokens to follow each sequence's last token."""
 
+    def may_propose(self, seq: Sequence) -> bool:
+        """Whether a proposal is likely once the token being sampled now is appended (read from
+        the tokens known now: a cheap guess, not a proposal)."""
+
 
 @dataclass
 class SpecStats:
@@ -94,15 +98,21 @@ class SpecStats:
 class StepCost:
     """Seconds per step as a + b * tokens: what one more token in a step costs on this machine,
     for this model, now. A decayed average per step size, fitted by least squares, so sizes seen
-    long ago still anchor the line while recent steps move it."""
+    long ago still anchor the line while recent steps move it.
+
+    The line is fitted to steps run one at a time, as every step that verifies proposals is;
+    steps planned ahead of the one before them (overlapped) are kept apart, and what they save
+    at the same size is the price of speculating at all (`overlap_saving`)."""
 
     def __init__(self, decay: float = 0.9) -> None:
         self.decay = decay
         self._seconds: dict[int, float] = {}
+        self._overlapped: dict[int, float] = {}
 
-    def observe(self, num_tokens: int, seconds: float) -> None:
-        old = self._seconds.get(num_tokens)
-        self._seconds[num_tokens] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+    def observe(self, num_tokens: int, seconds: float, overlapped: bool = False) -> None:
+        table = self._overlapped if overlapped else self._seconds
+        old = table.get(num_tokens)
+        table[num_tokens] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
 
     def fit(self) -> tuple[float, float] | None:
         """(a, b), or None until steps of at least three sizes were seen."""
@@ -110,6 +120,13 @@ class StepCost:
             return None
         b, a = np.polyfit(np.fromiter(self._seconds.keys(), np.float64), np.fromiter(self._seconds.values(), np.float64), 1)
         return max(a, 1e-6), max(b, 1e-9)
+
+    def overlap_saving(self) -> float:
+        """Seconds an overlapped step saves against one run alone, at the sizes seen both ways."""
+        both = self._seconds.keys() & self._overlapped.keys()
+        if not both:
+            return 0.0
+        return max(0.0, float(np.mean([self._seconds[n] - self._overlapped[n] for n in both])))
 
 
 @dataclass
@@ -137,8 +154,10 @@ class Speculator:
     of its position) is worth it while g / c > E / T, where c = b + p is its cost (b: one more
     token in the verifying step, fitted as T = a + b * tokens over recent steps; p: the
     proposer's measured seconds per proposed token, about nothing for prompt lookup, a draft
-    model's step for a draft model) and E the tokens the step is expected to yield. A big batch,
-    a slow proposer or proposals that keep failing all turn speculation off by themselves."""
+    model's step for a draft model) and E the tokens the step is expected to yield; and the step
+    as a whole is taken only if E / T beats the plain step's tokens per second, overlapped (what
+    its host work hidden behind the step before saves). A big batch, a slow proposer or proposals
+    that keep failing all turn speculation off by themselves."""
 
     # Until the fit has steps of three sizes, proposals are capped in turn at k, 0 and k/2, so
     # that even a batch whose every step would verify k tokens gets figures to fit.
@@ -154,6 +173,23 @@ class Speculator:
         self._explored = 0
         self._acceptance: weakref.WeakKeyDictionary[Sequence, _Acceptance] = weakref.WeakKeyDictionary()
 
+    def plan_ahead(self, seqs: list[Sequence], room: list[int]) -> bool:
+        """Whether the step after the one computing may be planned now, before its tokens are
+        known, and so without proposals: overlapped steps hide the host's work, so a step waits
+        for its tokens (to propose) only where some sequence is likely to get a proposal worth
+        verifying. Open chat then costs one lookup per sequence and step, not the overlap."""
+        if not seqs or len(seqs) > self.config.disable_by_batch_size:
+            return True
+        limits = [min(self.config.num_speculative_tokens, r - 2) for r in room]  # one token is still pending
+        likely = [(seq, k) for seq, k in zip(seqs, limits) if k > 0 and self.proposer.may_propose(seq)]
+        if not likely:
+            return True
+        fit = self.cost.fit()
+        if fit is None:
+            return False  # still measuring what a proposal costs
+        ks = self._budget(fit, [k for _, k in likely], [self._rate(seq) for seq, _ in likely])
+        return not any(ks)
+
     def propose(self, seqs: list[Sequence], room: list[int]) -> None:
         """Set draft_token_ids of the decoding sequences `seqs`; room[i]: how many tokens seq i
         may still add (max_tokens, context)."""
@@ -163,7 +199,7 @@ class Speculator:
         if not seqs or len(seqs) > self.config.disable_by_batch_size:
             return
         ks = self.budget([min(self.config.num_speculative_tokens, r - 1) for r in room],
-                         [self._acceptance.setdefault(seq, _Acceptance()).rate for seq in seqs])
+                         [self._rate(seq) for seq in seqs])
         chosen = [(seq, k) for seq, k in zip(seqs, ks) if k > 0]
         if not chosen:
             # A draft model's first call also computes the whole prompt, which can price it out
@@ -185,10 +221,14 @@ class Speculator:
             share = self._EXPLORE[self._explored % len(self._EXPLORE)]
             self._explored += 1
             return [max(round(k * share), 0) for k in limits]
+        return self._budget(fit, limits, rates)
+
+    def _budget(self, fit: tuple[float, float], limits: list[int], rates: list[float]) -> list[int]:
         a, b = fit
         ks = [0] * len(limits)
         cost = b + self._per_proposal
         expected, seconds = float(len(limits)), a + b * len(limits)
+        plain = expected / max(seconds - self.cost.overlap_saving(), 1e-9)  # tokens/s without speculating
         offers = sorted(((rates[i] ** j, i) for i, k in enumerate(limits) for j in range(1, k + 1)), reverse=True)
         for gain, i in offers:
             if gain * seconds <= cost * expected:
@@ -196,7 +236,11 @@ class Speculator:
             ks[i] += 1
             expected += gain
             seconds += cost
-        return ks
+        # Speculating at all gives up the overlap: worth it only if the step still yields more.
+        return ks if expected / seconds > plain else [0] * len(limits)
+
+    def _rate(self, seq: Sequence) -> float:
+        return self._acceptance.setdefault(seq, _Acceptance()).rate
 
     def record(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
         """The outcome of verifying num_drafts proposals of seq."""

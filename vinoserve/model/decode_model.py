@@ -18,11 +18,16 @@ run anyway.
 """
 from __future__ import annotations
 
-from pathlib import Path
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import openvino as ov
 
 from vinoserve.memory import memory_limit_bytes
+from vinoserve.model.errors import ModelLoadError
+
+if TYPE_CHECKING:  # paged.py imports this module
+    from vinoserve.model.paged import CompileOptions
 
 # Steps of at most this many tokens go to the decode model (one to three sequences decoding); at
 # four the bf16 kernels were level or ahead.
@@ -33,17 +38,6 @@ KV_PRECISION = "u8"
 # to 3B. The second copy then costs at most a fifth of memory beside the KV cache's quarter.
 MEMORY_SHARE = 0.2
 _LOW_BIT = {ov.Type.u4, ov.Type.i4, ov.Type.u8, ov.Type.i8}
-
-
-def cpu_has_vnni(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """The plugin quantizes activations only where VNNI gives int8 dot products (avx512_vnni or
-    AVX-VNNI); elsewhere f32 compute would decompress to f32, slower than bf16."""
-    try:
-        with cpuinfo.open() as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "avx512_vnni" in flags or "avx_vnni" in flags
 
 
 def has_low_bit_matmuls(model: ov.Model) -> bool:
@@ -60,12 +54,34 @@ def weight_bytes(model: ov.Model) -> int:
     return sum(node.get_byte_size() for node in model.get_ordered_ops() if node.get_type_name() == "Constant")
 
 
-def wanted(device: str, compute_precision: str, kv_precision: str | None, model: ov.Model) -> bool:
-    """Where the decode model pays: CPU, bf16 compute, VNNI, low-bit weights, a KV precision
-    both compilations accept (none asked for, or u8), and memory to spare for the second copy."""
-    return (device == "CPU" and compute_precision == "bf16" and kv_precision in (None, KV_PRECISION)
-            and cpu_has_vnni() and has_low_bit_matmuls(model)
+def packed_copy_bytes(model: ov.Model) -> int:
+    """About what the decode model's own packed weights take: the low-bit integers as they are and
+    their scales widened to f32 (the plugin's packing, cpu-decode.md section 2)."""
+    total = 0
+    for node in model.get_ordered_ops():
+        if node.get_type_name() != "Constant":
+            continue
+        if node.get_element_type() in _LOW_BIT:
+            total += node.get_byte_size()
+        elif node.get_element_type() == ov.Type.f16:  # the groups' scales (float weights have none here)
+            total += 2 * node.get_byte_size()
+    return total
+
+
+def wanted(kv_precision: str | None, model: ov.Model) -> bool:
+    """On a CPU class where it pays (cpu_defaults.py), what the model must also allow: low-bit
+    weights, a KV precision both compilations accept (none asked for, or u8), and memory to spare
+    for the second copy."""
+    return (kv_precision in (None, KV_PRECISION) and has_low_bit_matmuls(model)
             and weight_bytes(model) <= MEMORY_SHARE * memory_limit_bytes())
+
+
+def with_shared_cache(options: CompileOptions) -> CompileOptions:
+    """Options for a main compilation that shares its cache with the decode model."""
+    if options.kv_cache_precision not in (None, KV_PRECISION):
+        raise ModelLoadError(f"the decode model shares a {KV_PRECISION} KV cache with the main one; "
+                             f"{options.kv_cache_precision} was asked for (turn the decode model off to keep it)")
+    return replace(options, decode_model=True, kv_cache_precision=KV_PRECISION)
 
 
 def properties(main: dict[str, str]) -> dict[str, str]:

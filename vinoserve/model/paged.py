@@ -5,14 +5,14 @@ rt_info its PagedAttention nodes need and no longer compiles (see shared docs).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 from openvino._offline_transformations import paged_attention_transformation
 
-from vinoserve.model import decode_model
+from vinoserve.model import cpu_defaults, decode_model
 from vinoserve.model import fuse_projections as projections
 from vinoserve.model.block_offsets import split_block_offsets
 from vinoserve.model.errors import ModelLoadError, last_line
@@ -34,6 +34,9 @@ class CompileOptions:
     cache_rotation: bool = False  # in-kernel RoPE re-rotation inputs
     fuse_projections: bool | None = None  # q/k/v as one MatMul; None: on CPU (see fuse_projections)
     decode_model: bool | None = None  # a second compilation for steps of few tokens; None: where it pays (decode_model.py)
+    # int8 activations per this many inputs in matmuls with low-bit weights (0: off); None: per
+    # CPU class (cpu_defaults.py)
+    dynamic_quantization_group_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.inference_precision not in (None, *PRECISIONS):
@@ -51,7 +54,9 @@ class CompileOptions:
         props = {"NUM_STREAMS": "1"}  # one step at a time; let the op use all threads
         if self.inference_precision:
             props["INFERENCE_PRECISION_HINT"] = self.inference_precision
-        if self.inference_precision == "f32":
+        if self.dynamic_quantization_group_size is not None:
+            props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = str(self.dynamic_quantization_group_size)
+        elif self.inference_precision == "f32":
             # f32 asked for is f32 arithmetic: on VNNI/AMX CPUs the plugin otherwise rounds the
             # activations of every matmul with int8 weights to int8 (the f16 conversion's token
             # table, all of int8's), moving logits by ~1% (0.46 at a scale of 40 for SmolLM2).
@@ -87,6 +92,7 @@ class PagedModel:
     options: CompileOptions
     layout: CacheLayout
     decode: ov.CompiledModel | None = None  # for steps of at most decode_model.MAX_TOKENS tokens
+    decode_bytes: int = 0  # about what the decode model's second copy of the weights takes
 
     @property
     def block_size(self) -> int:
@@ -144,23 +150,21 @@ def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None
                   sliding_windows: tuple[int, ...] = ()) -> PagedModel:
     """`sliding_windows`: each layer's, from the model's config (empty: as the transformation found them)."""
     core = core or ov.Core()
-    options = _with_decode_model(options, core, model)
-    options = _default_kv_precision(options, core)
-    if options.fuse_projections is None:
-        options = replace(options, fuse_projections=options.device == "CPU")
+    options = cpu_defaults.resolve(options, core, model)
     facts = read_graph_facts(to_paged(model, options, sliding_windows))
     split_block_offsets(model)  # after to_paged: the LM head's correction must read the gathered rows
     if options.fuse_projections:
         projections.fuse_projections(model)
     compiled = _compile(core, model, options.device, options.properties())
     layout = _cache_layout(compiled)
-    decode = None
+    decode, decode_bytes = None, 0
     if options.decode_model:
         decode = _compile(core, model, options.device, decode_model.properties(options.properties()))
         if _cache_layout(decode) != layout:
             raise ModelLoadError(f"the decode model's KV cache layout differs from the main one's: "
                                  f"{_cache_layout(decode)} vs {layout}")
-    return PagedModel(facts, compiled, options, layout, decode)
+        decode_bytes = decode_model.packed_copy_bytes(model)
+    return PagedModel(facts, compiled, options, layout, decode, decode_bytes)
 
 
 def _compile(core: ov.Core, model: ov.Model, device: str, properties: dict[str, str]) -> ov.CompiledModel:
@@ -169,33 +173,6 @@ def _compile(core: ov.Core, model: ov.Model, device: str, properties: dict[str, 
     except RuntimeError as e:
         # e.g. a bf16 KV cache with f32 compute on a CPU without bf16: the plugin refuses it.
         raise ModelLoadError(f"{device} cannot run this model with {properties}: {last_line(e)}") from e
-
-
-def _with_decode_model(options: CompileOptions, core: ov.Core, model: ov.Model) -> CompileOptions:
-    """Resolves `decode_model`; with it on, the KV cache both compilations share is u8."""
-    use = options.decode_model
-    if use is None:
-        use = decode_model.wanted(options.device, _compute_precision(options, core), options.kv_cache_precision, model)
-    if not use:
-        return replace(options, decode_model=False)
-    if options.kv_cache_precision not in (None, decode_model.KV_PRECISION):
-        raise ModelLoadError(f"the decode model shares a {decode_model.KV_PRECISION} KV cache with the main one; "
-                             f"{options.kv_cache_precision} was asked for (turn the decode model off to keep it)")
-    return replace(options, decode_model=True, kv_cache_precision=decode_model.KV_PRECISION)
-
-
-def _default_kv_precision(options: CompileOptions, core: ov.Core) -> CompileOptions:
-    """With no KV precision asked for, a bf16 cache where the CPU computes in bf16; the plugin (and
-    openvino-genai, which defers to it) would pick u8. Measured on Zen 4 (docs/performance.md):
-    decode infer() takes 7-24% less CPU time with bf16 than with u8 (more the longer the context),
-    at the same perplexity; the cost is 1.6x the bytes per cached token."""
-    if options.kv_cache_precision is not None or options.device != "CPU":
-        return options
-    return replace(options, kv_cache_precision="bf16") if _compute_precision(options, core) == "bf16" else options
-
-
-def _compute_precision(options: CompileOptions, core: ov.Core) -> str:
-    return options.inference_precision or core.get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
 
 
 def _cache_layout(compiled: ov.CompiledModel) -> CacheLayout:

@@ -1,0 +1,74 @@
+"""What an engine is asked to be (EngineConfig), how big its KV cache is, and what its steps cost."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from vinoserve.cache.eviction import CacheEvictionConfig
+from vinoserve.cache.kv_cache import num_blocks_for_bytes
+from vinoserve.cache.rotation import kernel_supports_rotation
+from vinoserve.engine.speculative import SpeculativeConfig
+from vinoserve.memory import available_memory_bytes
+from vinoserve.model.paged import CacheLayout, CompileOptions
+from vinoserve.model.weights import WeightFormat
+from vinoserve.scheduler.scheduler import SchedulerConfig
+
+# Without --kv-cache-size, the cache takes this share of the memory available at start (the
+# host's free memory, or what a container's cgroup limit leaves if that is less).
+DEFAULT_KV_MEMORY_FRACTION = 0.25
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None  # None: the built-in default model
+    weight_format: WeightFormat = "auto"
+    compile: CompileOptions = field(default_factory=CompileOptions)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    kv_cache_size_gb: float | None = None
+    num_kv_blocks: int | None = None  # exact block count, overrides kv_cache_size_gb
+    cache_eviction: CacheEvictionConfig | None = None  # None: the whole context stays cached
+    host_rotation: bool = False  # rotate evicted-then-moved keys on the host even where the kernel could
+    # Reuse computed KV blocks across requests sharing a prefix. Off while cache eviction is on
+    # (evicted and rotated blocks no longer match a token prefix); None: on where it can be.
+    enable_prefix_caching: bool | None = None
+    speculative: SpeculativeConfig | None = None  # None: one token per sequence per step
+    # Plan and set up step N+1 while step N computes, so that only sampling stays between two
+    # steps. Speculation and cache eviction run one step at a time whatever this says.
+    overlap_steps: bool = True
+
+    @property
+    def prefix_caching(self) -> bool:
+        if self.enable_prefix_caching and self.cache_eviction is not None:
+            raise ValueError("prefix caching and cache eviction cannot be used together "
+                             "(pass --no-enable-prefix-caching, or drop --cache-eviction)")
+        return self.enable_prefix_caching is not False and self.cache_eviction is None
+
+    def compile_options(self) -> CompileOptions:
+        """Score outputs when evicting; the kernel's rotation inputs only where it is known to work
+        (asked-for f32 compute with an f32/f16 cache): elsewhere the host rotates."""
+        ev, c = self.cache_eviction, self.compile
+        in_kernel = (ev is not None and ev.rotation and not self.host_rotation
+                     and kernel_supports_rotation(c.inference_precision, c.kv_cache_precision))
+        return replace(c, score_outputs=ev is not None, cache_rotation=in_kernel)
+
+    def num_blocks(self, layout: CacheLayout, num_layers: int, max_context: int) -> int:
+        """KV blocks to allocate: as asked, else the memory budget's worth."""
+        if self.num_kv_blocks:
+            return self.num_kv_blocks
+        if self.kv_cache_size_gb is not None:
+            budget = int(self.kv_cache_size_gb * 2**30)
+        else:
+            budget = int(available_memory_bytes() * DEFAULT_KV_MEMORY_FRACTION)
+        # More blocks than every sequence at full context could use would be memory for nothing.
+        cap = self.scheduler.max_num_seqs * -(-max_context // layout.block_size)
+        blocks = min(num_blocks_for_bytes(budget, layout, num_layers), cap)
+        if blocks < 1:
+            raise ValueError(f"a KV cache of {budget} bytes holds no block")
+        return blocks
+
+
+@dataclass
+class StepStats:
+    num_steps: int = 0
+    step_seconds: float = 0.0  # whole steps: scheduling, packing, infer, sampling, outputs
+    overlapped_seconds: float = 0.0  # of which host work done while a step computed (overlapped steps)
+    num_generated_tokens: int = 0

@@ -1,0 +1,114 @@
+"""What to compile and which KV cache, for this model on this CPU: every CPU-dependent default in
+one table, each row with the measurement behind it.
+
+The CPU plugin's own defaults change with the CPU (bf16 compute on AVX512_BF16 and AMX, f32
+elsewhere; int8 activations where the matmul kernels allow them), and the fast choice on one
+class was measured slower or less accurate on another. So a default here is taken only on the
+class it was measured on; a class nobody measured keeps the plugin's own choice. A setting the
+user asks for always wins.
+"""
+from __future__ import annotations
+
+import enum
+import functools
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import openvino as ov
+
+if TYPE_CHECKING:  # paged.py imports this module
+    from vinoserve.model.paged import CompileOptions
+
+
+class CpuClass(enum.Enum):
+    AMX = "AMX"  # Sapphire, Emerald, Granite Rapids: AMX tiles, AVX512_BF16, VNNI
+    AVX512_BF16 = "AVX512_BF16"  # Zen 4, Zen 5, Cooper Lake: bf16 and VNNI without AMX
+    AVX512 = "AVX-512"  # Skylake-SP to Ice Lake: no bf16 arithmetic
+    AVX2 = "AVX2"  # Zen 2, Zen 3, Haswell to Alder Lake
+    OTHER = "other"
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    try:
+        with cpuinfo.open() as f:
+            return frozenset(next((line for line in f if line.startswith("flags")), "").partition(":")[2].split())
+    except OSError:
+        return frozenset()
+
+
+def classify(flags: frozenset[str]) -> CpuClass:
+    if {"amx_tile", "amx_bf16"} <= flags:
+        return CpuClass.AMX
+    if "avx512_bf16" in flags:
+        return CpuClass.AVX512_BF16
+    if "avx512f" in flags:
+        return CpuClass.AVX512
+    if "avx2" in flags:
+        return CpuClass.AVX2
+    return CpuClass.OTHER
+
+
+@functools.cache
+def this_cpu() -> CpuClass:
+    return classify(cpu_flags())
+
+
+@dataclass(frozen=True)
+class ClassDefaults:
+    """Defaults for compute at the plugin's default precision (bf16 on the first two classes)."""
+
+    decode_model: bool  # `--decode-model auto` may take it (decode_model.wanted checks the model)
+    kv_cache_precision: str | None  # with one compilation; None: the plugin's (with the decode model: u8)
+    # The plugin's DYNAMIC_QUANTIZATION_GROUP_SIZE at the default compute precision; None: the plugin's
+    dynamic_quantization_group_size: int | None
+
+
+DEFAULTS: dict[CpuClass, ClassDefaults] = {
+    # Sapphire Rapids, 2 cores, 1.5B Q4_0 decode infer(): 73 ms on the decode model against 95 on
+    # the bf16 one (the plugin gives bf16 compute no int8 activations where AMX is present:
+    # openvino PR #35726 gates them to bf16 CPUs without AMX); one stream 1.23x, 8B 1.48x
+    # llama.cpp against 1.19x. bf16 KV without it: decode infer() 7-24% less CPU time than u8 at
+    # the same perplexity (Zen 4, docs/performance.md; the same kernels here).
+    CpuClass.AMX: ClassDefaults(decode_model=True, kv_cache_precision="bf16", dynamic_quantization_group_size=None),
+    # Zen 4, 2 cores, 1.5B Q4_0 (issue 36; cpu-decode.md): the bf16 compilation already multiplies
+    # with int8 activations (decode 23.0 tok/s, prompt 179) and the decode model is slower (15.9 /
+    # 130), so it stays off. Those int8 activations cost quality: SmolLM2's perplexity at
+    # positions 1,052-1,099 was 1.0285x f32's with them and 1.0076x without (the same figure with
+    # a u8 cache: 1.0312x), and the built-in model's first greedy reply token moved; off, decode
+    # is 16.3 tok/s (what the decode model gave) and prompt 96. Quality first: off, and
+    # `--dynamic-quantization-group-size 32` gives the speed back to those who ask for it.
+    CpuClass.AVX512_BF16: ClassDefaults(decode_model=False, kv_cache_precision="bf16",
+                                        dynamic_quantization_group_size=0),
+    # f32 compute by default: nothing measured on this wave's code; the plugin's choices stand.
+    CpuClass.AVX512: ClassDefaults(decode_model=False, kv_cache_precision=None, dynamic_quantization_group_size=None),
+    CpuClass.AVX2: ClassDefaults(decode_model=False, kv_cache_precision=None, dynamic_quantization_group_size=None),
+    CpuClass.OTHER: ClassDefaults(decode_model=False, kv_cache_precision=None, dynamic_quantization_group_size=None),
+}
+
+
+def compute_precision(options: CompileOptions, core: ov.Core) -> str:
+    return options.inference_precision or core.get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
+
+
+def resolve(options: CompileOptions, core: ov.Core, model: ov.Model, cpu: CpuClass | None = None) -> CompileOptions:
+    """`options` with every field left to the machine filled in: decode model, KV precision,
+    dynamic quantization, q/k/v fusion."""
+    from vinoserve.model import decode_model
+
+    if options.device != "CPU":
+        return replace(options, decode_model=False, fuse_projections=bool(options.fuse_projections))
+    row = DEFAULTS[cpu or this_cpu()]
+    bf16 = compute_precision(options, core) == "bf16"
+    use = options.decode_model
+    if use is None:
+        use = row.decode_model and bf16 and decode_model.wanted(options.kv_cache_precision, model)
+    if use:
+        options = decode_model.with_shared_cache(options)
+    elif options.kv_cache_precision is None and bf16:
+        options = replace(options, kv_cache_precision=row.kv_cache_precision)
+    dq = options.dynamic_quantization_group_size
+    if dq is None and bf16:
+        dq = row.dynamic_quantization_group_size
+    return replace(options, decode_model=bool(use), dynamic_quantization_group_size=dq,
+                   fuse_projections=options.fuse_projections is not False)
