@@ -57,11 +57,12 @@ def write_bert_gguf(model_dir: Path, out: Path, dtype: str = "f32") -> Path:
 
     def put(name: str, hf: str, matrix: bool = False) -> None:
         value = tensors.get(hf)
-        w.add_tensor(name, value.astype(float_type if matrix or value.ndim > 1 else np.float32))
+        w.add_tensor(name, value.astype(float_type if matrix and value.ndim == 2 else np.float32))
 
     put("token_embd.weight", "embeddings.word_embeddings.weight", True)
-    put("position_embd.weight", "embeddings.position_embeddings.weight", True)
-    put("token_types.weight", "embeddings.token_type_embeddings.weight", True)
+    # llama.cpp adds these to the token rows in f32 (its CPU add takes no f16 operand), as its converter keeps them
+    put("position_embd.weight", "embeddings.position_embeddings.weight")
+    put("token_types.weight", "embeddings.token_type_embeddings.weight")
     put("token_embd_norm.weight", "embeddings.LayerNorm.weight")
     put("token_embd_norm.bias", "embeddings.LayerNorm.bias")
     for i in range(cfg.num_layers):
