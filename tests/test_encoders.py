@@ -126,3 +126,33 @@ def test_gguf_bert_as_llama_cpp_writes_it(tmp_path, dtype):
     llama = np.array([d["embedding"] for d in server.handle_embeddings({"input": TEXTS, "model": "m"})["data"]])
     del server
     assert _cosines(llama, reference).min() >= (0.99999 if dtype == "f32" else 0.999)
+
+
+@pytest.mark.parametrize("model_type", ["bert", "xlm-roberta"])
+def test_feature_extraction_ir_as_optimum_exports_it(tmp_path, model_type):
+    """An IR with optimum's inputs and `last_hidden_state` output beside the sentence-transformers
+    files (what `optimum-cli export openvino --task feature-extraction` writes): pooled and
+    normalised here as the directory says, equal to sentence-transformers."""
+    import shutil
+
+    import openvino as ov
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel
+
+    from vinoserve.model.encoders.ir import IREncoder, is_encoder_ir
+
+    st = save_embedder(tmp_path, model_type, "mean", True)
+    ir = tmp_path / "ir"
+    shutil.copytree(st, ir)
+    hf = AutoModel.from_pretrained(st).eval()
+    example = {"input_ids": torch.ones(2, 5, dtype=torch.long), "attention_mask": torch.ones(2, 5, dtype=torch.long)}
+    ov.save_model(ov.convert_model(hf, example_input=example), ir / "openvino_model.xml", compress_to_fp16=False)
+    assert is_encoder_ir(ir) and not is_encoder_ir(st)
+    from vinoserve.server.serving_models import parse_models
+
+    assert parse_models([f"x={ir}"]).encoders == (("x", str(ir)),)  # served as an encoder, not a chat model
+    model = IREncoder(ir, F32)
+    reference = SentenceTransformer(str(st), device="cpu").encode(TEXTS)
+    got = _embed(model, TEXTS, "padded")
+    assert _cosines(got, reference).min() >= 0.99999

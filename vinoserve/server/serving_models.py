@@ -11,6 +11,7 @@ from vinoserve.model.encoders.batcher import EncoderBatcher
 from vinoserve.model.encoders.config import is_encoder_dir
 from vinoserve.model.encoders.decoder import DecoderPooler, pooling_kind
 from vinoserve.model.encoders.gguf import is_encoder_gguf
+from vinoserve.model.encoders.ir import IREncoder, is_encoder_ir
 from vinoserve.model.encoders.model import EncoderOptions, load_encoder
 from vinoserve.server.registry import EncoderServing, ModelRegistry
 
@@ -45,7 +46,7 @@ def parse_models(values: list[str] | None) -> ModelList:
 
 def _is_pooling_model(path: Path) -> bool:
     """An encoder directory or GGUF, or a decoder GGUF marked as an embedder or reranker."""
-    return is_encoder_dir(path) or is_encoder_gguf(path) or pooling_kind(path) is not None
+    return is_encoder_dir(path) or is_encoder_ir(path) or is_encoder_gguf(path) or pooling_kind(path) is not None
 
 
 def _split(value: str) -> tuple[str | None, str]:
@@ -71,6 +72,8 @@ def load_encoders(encoders: tuple[tuple[str, str], ...], chat_name: str | None, 
         where = Path(path).expanduser()
         if pooling_kind(where) is not None:
             model = DecoderPooler(where, options, log=log.info)
+        elif is_encoder_ir(where):
+            model = IREncoder(where, options)
         else:
             model = load_encoder(where, options, log=log.info)
         batcher = EncoderBatcher(model, name=name, chat_busy=chat_busy, share=share)

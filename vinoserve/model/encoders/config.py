@@ -75,11 +75,8 @@ def read_encoder_config(path: Path) -> EncoderConfig:
     pad = hf.get("pad_token_id") or 0
     max_pos = hf["max_position_embeddings"]
     offset = pad + 1 if FAMILIES[model_type] == "pad+1" else 0
-    pooling, normalize = _sentence_transformers_head(path)
-    # sentence-transformers truncates at max_seq_length (before 5) or the tokenizer's model_max_length
-    declared = (_json(path / "sentence_bert_config.json", {}).get("max_seq_length")
-                or _json(path / "tokenizer_config.json", {}).get("model_max_length") or max_pos)
-    max_length = min(int(declared), max_pos - offset)
+    pooling, normalize = sentence_transformers_head(path)
+    max_length = min(declared_max_length(path) or max_pos, max_pos - offset)
     return EncoderConfig(
         model_type=model_type, vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
         num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
@@ -90,7 +87,7 @@ def read_encoder_config(path: Path) -> EncoderConfig:
     )
 
 
-def _sentence_transformers_head(path: Path) -> tuple[Pooling, bool]:
+def sentence_transformers_head(path: Path) -> tuple[Pooling, bool]:
     """Pooling mode and whether vectors are L2-normalised. Without modules.json (a plain HF
     encoder): CLS pooling, unnormalised, as transformers' feature-extraction pipelines do."""
     modules = _json(path / "modules.json", [])
@@ -111,6 +108,16 @@ def _sentence_transformers_head(path: Path) -> tuple[Pooling, bool]:
         elif kind not in ("Transformer", ""):
             raise ModelLoadError(f"{path}: sentence-transformers module {module.get('type')} is not supported")
     return pooling, normalize
+
+
+def declared_max_length(path: Path) -> int | None:
+    """Where sentence-transformers truncates: max_seq_length (before 5) or the tokenizer's
+    model_max_length (a huge number there means none)."""
+    for name, key in (("sentence_bert_config.json", "max_seq_length"), ("tokenizer_config.json", "model_max_length")):
+        value = _json(path / name, {}).get(key)
+        if isinstance(value, int) and value < 1_000_000:
+            return value
+    return None
 
 
 def _classifier_sigmoid(hf: dict) -> bool:

@@ -25,7 +25,7 @@ from vinoserve.model.blocks import const
 from vinoserve.model.convert import converted_dir
 from vinoserve.model.encoders.config import EncoderConfig
 from vinoserve.model.encoders.model import EncoderOptions
-from vinoserve.model.encoders.packing import Sequence
+from vinoserve.model.encoders.packing import Sequence, right_padded
 from vinoserve.model.encoders.tokenizer import Encoded, TooLong
 from vinoserve.model.errors import ModelLoadError
 from vinoserve.model.gguf_file import field
@@ -129,16 +129,9 @@ class DecoderPooler:
         self.inference_precision = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
 
     def run(self, seqs: list[Sequence], layout: str = "auto") -> np.ndarray:
-        lengths = np.array([len(s.ids) for s in seqs])
-        batch, longest = len(seqs), int(lengths.max())
-        ids = np.zeros((batch, longest), np.int64)
-        mask = np.zeros((batch, longest), np.int64)
-        for row, s in enumerate(seqs):
-            ids[row, :len(s.ids)] = s.ids
-            mask[row, :len(s.ids)] = 1
-        inputs = {"input_ids": ids, "attention_mask": mask,
-                  "position_ids": np.broadcast_to(np.arange(longest, dtype=np.int64), (batch, longest)).copy(),
-                  "beam_idx": np.arange(batch, dtype=np.int32), "last_index": lengths - 1}
+        padded = right_padded(seqs)
+        inputs = {name: padded[name] for name in ("input_ids", "attention_mask", "position_ids")}
+        inputs.update(beam_idx=np.arange(len(seqs), dtype=np.int32), last_index=padded["lengths"] - 1)
         with self._lock:
             self._request.reset_state()  # whole prompts: no KV from the call before
             hidden = np.array(self._request.infer(inputs)["last_hidden"], np.float32)

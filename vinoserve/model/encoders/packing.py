@@ -61,6 +61,21 @@ def pack(seqs: list[Sequence], cfg: EncoderConfig, layout: Layout = "auto") -> d
             "pool": _pool_weights(lengths, starts, total, "cls" if cfg.is_classifier else cfg.pooling)}
 
 
+def right_padded(seqs: list[Sequence]) -> dict[str, np.ndarray]:
+    """[B, L] inputs of a graph exported with padding (optimum's, a converted decoder's):
+    input_ids, token_type_ids, attention_mask, position_ids, and each row's `lengths`."""
+    lengths = np.array([len(s.ids) for s in seqs])
+    batch, longest = len(seqs), int(lengths.max())
+    ids, types, mask = (np.zeros((batch, longest), np.int64) for _ in range(3))
+    for row, s in enumerate(seqs):
+        ids[row, :len(s.ids)] = s.ids
+        types[row, :len(s.ids)] = s.type_ids or 0
+        mask[row, :len(s.ids)] = 1
+    positions = np.broadcast_to(np.arange(longest, dtype=np.int64), (batch, longest)).copy()
+    return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask, "position_ids": positions,
+            "lengths": lengths}
+
+
 def _pool_weights(lengths: list[int], starts: np.ndarray, total: int, pooling: str) -> np.ndarray:
     pool = np.zeros((len(lengths), total), np.float32)
     for row, (n, start) in enumerate(zip(lengths, starts)):
