@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vinoserve.model.encoders.model import display_name
 from vinoserve.model.storage import cache_root
 
 
@@ -165,7 +166,7 @@ def gguf_for(model_dir: Path) -> Path:
     from vinoserve.bench.bert_gguf import write_bert_gguf
     from vinoserve.model.encoders.model import _digest
 
-    out = cache_root() / "bench" / f"{model_dir.name}-{_digest(model_dir)[:16]}-f32.gguf"
+    out = cache_root() / "bench" / f"{display_name(model_dir)}-{_digest(model_dir)[:16]}-f32.gguf"
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
         write_bert_gguf(model_dir, out.with_suffix(".tmp"))
@@ -208,7 +209,7 @@ def main(args: argparse.Namespace) -> None:
                     for p in args.precisions.split(",")]
     if "sentence-transformers" in wanted:
         engines.append(_OwnProcess(SentenceTransformers, str(model_dir), args.threads))
-    print(f"{model_dir.name}: {args.docs} documents x {args.doc_tokens} tokens a batch, {args.query_tokens}-token "
+    print(f"{display_name(model_dir)}: {args.docs} documents x {args.doc_tokens} tokens a batch, {args.query_tokens}-token "
           f"queries one at a time; {args.rounds} paired rounds; {os.cpu_count()} CPUs; load average "
           f"{os.getloadavg()[0]:.2f}")
     batch: dict[str, list[float]] = {e.name: [] for e in engines}

@@ -18,6 +18,7 @@ import httpx
 
 from vinoserve.bench.embed import default_model_dir, texts_of_tokens
 from vinoserve.bench.soak import launch_server, stop_server
+from vinoserve.model.encoders.model import display_name
 
 STREAMS, EMBED_CLIENTS = 4, 32
 
@@ -67,7 +68,7 @@ def main(args: argparse.Namespace) -> None:
     log = Path(tempfile.mkdtemp()) / "server.log"
     proc, url = launch_server(serve, log)
     print(f"{args.beside_chat} decoding {STREAMS} streams x {args.output_len} tokens, beside {EMBED_CLIENTS} clients "
-          f"embedding {args.doc_tokens}-token documents with {model_dir.name} back to back; encoder threads "
+          f"embedding {args.doc_tokens}-token documents with {display_name(model_dir)} back to back; encoder threads "
           f"{args.encoder_threads or 'all'}, share {args.encoder_share or 'default'}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}")
     try:
         asyncio.run(_round(url, docs, 8, True))  # warm-up

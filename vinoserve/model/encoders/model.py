@@ -84,7 +84,7 @@ def converted_encoder_dir(model_dir: Path, log=print) -> Path:
     """The cached graph + tokenizer + config for this directory or GGUF, built first if missing."""
     gguf_file = model_dir.suffix == ".gguf"
     digest = sha256_file(model_dir) if gguf_file else _digest(model_dir)
-    name = model_dir.stem if gguf_file else model_dir.name
+    name = display_name(model_dir)
     target = cache_root() / "encoders" / f"{name}-{digest[:16]}-v{ENCODER_VERSION}"
     if (target / "openvino_model.xml").is_file():
         return target
@@ -99,6 +99,14 @@ def converted_encoder_dir(model_dir: Path, log=print) -> Path:
         save_encoder(tmp, config, tensor, tokenizer)
     log(f"built in {time.perf_counter() - start:.1f} s")
     return target
+
+
+def display_name(path: Path) -> str:
+    """A model's name for logs and the cache: a GGUF's stem, a directory's name, or its parent's
+    where the directory is only called "model" (as inside a wheel)."""
+    if path.suffix == ".gguf":
+        return path.stem
+    return path.parent.name if path.name == "model" else path.name
 
 
 def save_encoder(out: Path, config: EncoderConfig, tensor, tokenizer: EncoderTokenizer) -> None:
