@@ -99,7 +99,8 @@ def main() -> None:
         spec = replace(spec, model=args.model or DEFAULT_MODEL.name)
     base = EngineConfig(model=args.model, weight_format=args.weight_format, kv_cache_size_gb=1.0,
                         compile=CompileOptions(inference_precision=args.inference_precision),
-                        scheduler=SchedulerConfig(max_num_batched_tokens=args.budget), enable_prefix_caching=False)
+                        scheduler=SchedulerConfig(max_num_batched_tokens=args.budget), enable_prefix_caching=False,
+                        speculative=None)
     engines = {"plain": LLMEngine(base, log=lambda m: None),
                "spec": LLMEngine(replace(base, speculative=spec), log=lambda m: None)}
     llama = None

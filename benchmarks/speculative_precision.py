@@ -43,7 +43,7 @@ def main() -> None:
     asks = [f"Repeat this text exactly: {text[i * 700:i * 700 + 600]}" for i in range(4)] + ASKS
     for pair in args.precisions.split(","):
         compute, _, kv = pair.partition("/")
-        base = EngineConfig(model=args.model, kv_cache_size_gb=0.3, enable_prefix_caching=False,
+        base = EngineConfig(model=args.model, kv_cache_size_gb=0.3, enable_prefix_caching=False, speculative=None,
                             compile=CompileOptions(inference_precision=compute or None, kv_cache_precision=kv or None))
         plain, what = outputs(base, asks, args.tokens)
         spec, _ = outputs(replace(base, speculative=SpeculativeConfig.parse(NGRAM)), asks, args.tokens)

@@ -13,7 +13,7 @@ import torch
 from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config,
                           Qwen2Config, Qwen3Config)
 
-import kquant_encoder
+from vinoserve.bench import kquants as kquant_encoder
 
 _CONFIGS = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
             "gemma3": Gemma3TextConfig, "phi3": Phi3Config}

@@ -9,7 +9,7 @@ import numpy as np
 import openvino as ov
 import pytest
 
-import kquant_encoder
+from vinoserve.bench import kquants as kquant_encoder
 from gguf_fixtures import tiny_hf_model, write_gguf
 from vinoserve.cache.kv_cache import KVCache
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk

@@ -1,4 +1,4 @@
-"""`vinoserve serve --speculative-config` over real HTTP: the same replies as the plain server (the
+"""`vinoserve serve --speculative-config` over real HTTP: the same replies as the default server (the
 shared f32 `api_server`) for greedy, seeded, streamed, n > 1 and schema-constrained requests, and
 vLLM's spec_decode counters in /metrics."""
 from __future__ import annotations

@@ -56,11 +56,12 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overlap-steps", action=argparse.BooleanOptionalAction, default=True,
                    help="set up each engine step while the one before computes, so only sampling stays "
                         "between two steps (default: on; speculation and cache eviction run one at a time)")
-    p.add_argument("--speculative-config", type=_json_object, default=None, metavar="JSON",
-                   help='speculative decoding, as vLLM names it: \'{"method": "ngram", "num_speculative_tokens": 4, '
-                        '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\' (prompt lookup) or \'{"method": '
-                        '"draft_model", "model": PATH, "num_speculative_tokens": 4}\'; off while more than '
-                        '"disable_by_batch_size" (default 8) sequences decode')
+    p.add_argument("--speculative-config", type=_speculative_config, default=None, metavar="JSON|off",
+                   help='speculative decoding, as vLLM names it. Default: prompt lookup, \'{"method": "ngram", '
+                        '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\', which '
+                        'proposes only where a sequence repeats its context and verifying pays; or \'{"method": '
+                        '"draft_model", "model": PATH, "num_speculative_tokens": 4}\'; "off": none. No proposals '
+                        'while more than "disable_by_batch_size" (default 8) sequences decode')
 
 
 def _json_object(text: str) -> dict:
@@ -68,6 +69,10 @@ def _json_object(text: str) -> dict:
     if not isinstance(value, dict):
         raise ValueError("expected a JSON object")
     return value
+
+
+def _speculative_config(text: str) -> dict | str:
+    return "off" if text.strip().lower() in ("off", "none") else _json_object(text)
 
 
 def _generation_args(p: argparse.ArgumentParser) -> None:
@@ -154,7 +159,8 @@ def _engine_config(args: argparse.Namespace):
                                dynamic_quantization_group_size=args.dynamic_quantization_group_size),
         scheduler=scheduler, kv_cache_size_gb=args.kv_cache_size, cache_eviction=eviction,
         enable_prefix_caching=args.enable_prefix_caching, overlap_steps=args.overlap_steps,
-        speculative=SpeculativeConfig.parse(args.speculative_config) if args.speculative_config else None,
+        speculative=(None if args.speculative_config == "off" else
+                     SpeculativeConfig.parse(args.speculative_config or {})),
     )
     _ = config.prefix_caching  # a ValueError now, not once the server is up, for flags that conflict
     check_inference_precision(config.compile)

@@ -123,6 +123,7 @@ class Vinoserve:
         self.name = f"vinoserve {weight_format}" + ("" if decode_model == "auto" else f" dm-{decode_model}")
         # One stream needs little KV cache; the default (a quarter of free memory) would crowd an 8B pair.
         cfg = EngineConfig(model=model, weight_format=weight_format, enable_prefix_caching=False, kv_cache_size_gb=1.0,
+                           speculative=None,  # single-stream decode as such (speculation: bench speculative)
                            compile=CompileOptions(kv_cache_precision=kv_cache_precision, num_threads=threads,
                                                   inference_precision=inference_precision,
                                                   decode_model={"auto": None, "on": True, "off": False}[decode_model]),

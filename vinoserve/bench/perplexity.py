@@ -68,6 +68,7 @@ def perplexity(windows: Sequence[Sequence[int]], prefill: int, options: CompileO
     """Perplexity over tokens prefill.. of every window, all windows decoded in one batch."""
     blocks_per_window = -(-len(windows[0]) // 32) + 16  # the CPU kernel's 32-token blocks, plus slack
     engine = LLMEngine(EngineConfig(model=model, compile=options, cache_eviction=eviction, weight_format=weight_format,
+                                    speculative=None,  # the model's own one-token steps
                                     num_kv_blocks=len(windows) * blocks_per_window), log=lambda m: None)
     prompts = [list(w[:prefill]) for w in windows]
     teacher = TeacherForcing({id(p): list(w[prefill:]) for p, w in zip(prompts, windows)})

@@ -28,7 +28,8 @@ SHAPES = {  # hidden, layers, heads, kv heads, intermediate
     "3b": (3072, 28, 24, 8, 8192),  # Llama-3.2-3B
     "8b": (4096, 32, 32, 8, 14336),  # Llama-3.1-8B
 }
-TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "f16")  # what gguf-py can quantize
+# what gguf-py can quantize, and llama.cpp's commonest mix (our K-quant writer, kquants.py)
+TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "f16", "q4_k_m")
 _NAME = re.compile(r"llama-(?P<shape>[\d.]+b)-(?P<type>\w+?)-random")
 
 # (tensor name, float32 values) -> (raw data, ggml type): how each matrix is stored
@@ -53,8 +54,31 @@ def resolve(model: str) -> str:
         return model
     path = cache_root() / "bench" / f"{model}.gguf"
     if not path.is_file():
-        write(path, m["shape"], one_type(gguf.GGMLQuantizationType[m["type"].upper()]))
+        shape, qtype = m["shape"], m["type"]
+        encode = q4_k_m(SHAPES[shape][1]) if qtype == "q4_k_m" else one_type(gguf.GGMLQuantizationType[qtype.upper()])
+        write(path, shape, encode)
     return str(path)
+
+
+def q4_k_m(layers: int) -> Encoder:
+    """llama-quantize's Q4_K_M choice (llama_tensor_get_type): Q4_K throughout, Q6_K for the LM
+    head and for attn_v and ffn_down in the first and last eighth of the layers and every third
+    one between them (`use_more_bits`)."""
+    from vinoserve.bench import kquants
+
+    T = gguf.GGMLQuantizationType
+
+    def more_bits(layer: int) -> bool:
+        return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+    def encode(name: str, x: np.ndarray) -> tuple[np.ndarray, gguf.GGMLQuantizationType]:
+        qtype = T.Q4_K
+        if name == "output.weight":
+            qtype = T.Q6_K
+        elif name.endswith(("attn_v.weight", "ffn_down.weight")) and more_bits(int(name.split(".")[1])):
+            qtype = T.Q6_K
+        return kquants.quantize(x, qtype), qtype
+    return encode
 
 
 def write(path: Path, shape: str, encode: Encoder, log=print) -> Path:

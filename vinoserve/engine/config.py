@@ -30,9 +30,11 @@ class EngineConfig:
     # Reuse computed KV blocks across requests sharing a prefix. Off while cache eviction is on
     # (evicted and rotated blocks no longer match a token prefix); None: on where it can be.
     enable_prefix_caching: bool | None = None
-    speculative: SpeculativeConfig | None = None  # None: one token per sequence per step
+    # Prompt lookup by default: it proposes only where a sequence repeats its context and verifying
+    # pays (Speculator); None: one token per sequence per step.
+    speculative: SpeculativeConfig | None = field(default_factory=SpeculativeConfig)
     # Plan and set up step N+1 while step N computes, so that only sampling stays between two
-    # steps. Speculation and cache eviction run one step at a time whatever this says.
+    # steps. Cache eviction and steps that verify proposals run one at a time whatever this says.
     overlap_steps: bool = True
 
     @property

@@ -1,4 +1,5 @@
-"""A small numpy encoder for GGUF's K-quants (Q4_K, Q5_K, Q6_K), for test fixtures.
+"""A small numpy encoder for GGUF's K-quants (Q4_K, Q5_K, Q6_K), for test fixtures and the
+benchmarks' random Q4_K_M models (random_models.py).
 
 gguf-py dequantizes these types but cannot write them. This is no match for llama.cpp's
 quantizer (no search for the best scales; plain min/max per sub-block), only a faithful writer
