@@ -72,3 +72,58 @@ def save_cross_encoder(path: Path, model_type: str = "bert", seed: int = 0, num_
     config = tiny_config(model_type, len(tokenizer), num_labels=num_labels)
     AutoModelForSequenceClassification.from_config(config).save_pretrained(path)
     return path
+
+
+def write_nomic_gguf(path: Path, seed: int = 0, hidden: int = 64, heads: int = 4, layers: int = 2,
+                     ffn: int = 96) -> Path:
+    """A tiny random nomic-bert GGUF in llama.cpp's layout (fused q/k/v, gated FFN, rotary
+    positions, no projection biases), with the WordPiece vocabulary of `wordpiece_tokenizer`."""
+    import gguf
+    import numpy as np
+
+    from vinoserve.bench.bert_gguf import phantom_space
+
+    tok = wordpiece_tokenizer(path.parent / f"{path.stem}-tokenizer")
+    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+    rng = np.random.default_rng(seed)
+
+    def rand(*shape: int, centre: float = 0.0) -> np.ndarray:
+        return (centre + 0.2 * rng.standard_normal(shape)).astype(np.float32)
+
+    w = gguf.GGUFWriter(str(path), "nomic-bert")
+    w.add_context_length(128)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_block_count(layers)
+    w.add_head_count(heads)
+    w.add_layer_norm_eps(1e-12)
+    w.add_causal_attention(False)
+    w.add_rope_freq_base(1000.0)
+    w.add_pooling_type(gguf.PoolingType.MEAN)
+    w.add_tokenizer_model("bert")
+    w.add_token_list([phantom_space(t) for t, _ in vocab])
+    w.add_token_types([gguf.TokenType.CONTROL if t.startswith("[") else gguf.TokenType.NORMAL for t, _ in vocab])
+    w.add_token_type_count(2)
+    w.add_bos_token_id(tok.cls_token_id)
+    w.add_sep_token_id(tok.sep_token_id)
+    w.add_unk_token_id(tok.unk_token_id)
+    w.add_pad_token_id(tok.pad_token_id)
+    w.add_tensor("token_embd.weight", rand(len(vocab), hidden))
+    w.add_tensor("token_types.weight", rand(2, hidden))
+    w.add_tensor("token_embd_norm.weight", rand(hidden, centre=1.0))
+    w.add_tensor("token_embd_norm.bias", rand(hidden))
+    for i in range(layers):
+        w.add_tensor(f"blk.{i}.attn_qkv.weight", rand(3 * hidden, hidden))
+        w.add_tensor(f"blk.{i}.attn_output.weight", rand(hidden, hidden))
+        w.add_tensor(f"blk.{i}.attn_output_norm.weight", rand(hidden, centre=1.0))
+        w.add_tensor(f"blk.{i}.attn_output_norm.bias", rand(hidden))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", rand(ffn, hidden))
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", rand(ffn, hidden))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", rand(hidden, ffn))
+        w.add_tensor(f"blk.{i}.layer_output_norm.weight", rand(hidden, centre=1.0))
+        w.add_tensor(f"blk.{i}.layer_output_norm.bias", rand(hidden))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

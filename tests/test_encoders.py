@@ -156,3 +156,24 @@ def test_feature_extraction_ir_as_optimum_exports_it(tmp_path, model_type):
     reference = SentenceTransformer(str(st), device="cpu").encode(TEXTS)
     got = _embed(model, TEXTS, "padded")
     assert _cosines(got, reference).min() >= 0.99999
+
+
+def test_nomic_bert_gguf_equals_llama_cpp(tmp_path):
+    """nomic-bert (rotary positions, fused q/k/v, gated FFN) has no reference outside its remote
+    code; llama.cpp's own implementation on the same file is the reference."""
+    from encoder_fixtures import write_nomic_gguf
+
+    xllamacpp = pytest.importorskip("xllamacpp")
+    gguf_file = write_nomic_gguf(tmp_path / "nomic.gguf")
+    model = load_encoder(gguf_file, F32, log=lambda _: None)
+    assert (model.config.model_type, model.config.rope_base, model.config.linear_bias) == ("nomic-bert", 1000.0, False)
+    params = xllamacpp.CommonParams()
+    params.model.path, params.embedding, params.n_ctx = str(gguf_file), True, 512
+    server = xllamacpp.Server(params)
+    reply = server.handle_embeddings({"input": TEXTS, "model": "m"})
+    del server
+    llama = np.array([d["embedding"] for d in reply["data"]])
+    for layout in ("padded", "block"):
+        got = _embed(model, TEXTS, layout)
+        assert _cosines(got, llama).min() >= 0.99999, layout
+    assert _cosines(llama[:1], llama[1:2])[0] < 0.999

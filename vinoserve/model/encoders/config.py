@@ -38,6 +38,10 @@ class EncoderConfig:
     max_length: int = 512  # tokens per sequence, special tokens included
     num_labels: int = 0  # > 0: a sequence classifier (cross-encoder) with this many logits
     sigmoid: bool = True  # a one-logit classifier's score is sigmoid(logit) (sentence-transformers' default)
+    # nomic-bert (from GGUF): rotary positions of this base instead of a position table, q/k/v in
+    # one matrix, a gated FFN down(silu(gate(x)) * up(x)), and projections without biases
+    rope_base: float = 0.0
+    linear_bias: bool = True
 
     @property
     def is_classifier(self) -> bool:

@@ -1,5 +1,6 @@
-"""BERT encoders from GGUF as llama.cpp's converter writes them (architecture `bert`): the same
-graph as from safetensors, its config, pooling and WordPiece vocabulary read from the file.
+"""BERT encoders from GGUF as llama.cpp's converter writes them (architectures `bert` and
+`nomic-bert`): the same graph as from safetensors (nomic-bert: rotary positions, fused q/k/v, gated
+FFN), its config, pooling and WordPiece vocabulary read from the file.
 llama.cpp normalises the vectors its server returns, so these embedders are normalised too."""
 from __future__ import annotations
 
@@ -13,14 +14,14 @@ from vinoserve.model.encoders.tokenizer import EncoderTokenizer
 from vinoserve.model.errors import ModelLoadError
 from vinoserve.model.gguf_file import GGUFMeta, field, open_gguf
 
-ARCHITECTURES = ("bert",)
+ARCHITECTURES = ("bert", "nomic-bert")
 _POOLING = {gguf.PoolingType.MEAN: "mean", gguf.PoolingType.CLS: "cls", gguf.PoolingType.LAST: "last",
             gguf.PoolingType.RANK: "cls"}
 # Hugging Face name (without the model prefix) -> GGUF name; {i} is the layer
 _NAMES = {"embeddings.word_embeddings": "token_embd", "embeddings.position_embeddings": "position_embd",
           "embeddings.token_type_embeddings": "token_types", "embeddings.LayerNorm": "token_embd_norm",
           "pooler.dense": "cls", "classifier": "cls.output"}
-_LAYER = {"attention.self.query": "attn_q", "attention.self.key": "attn_k", "attention.self.value": "attn_v",
+_LAYER = {"attention.self.qkv": "attn_qkv", "intermediate.gate": "ffn_gate", "attention.self.query": "attn_q", "attention.self.key": "attn_k", "attention.self.value": "attn_v",
           "attention.output.dense": "attn_output", "attention.output.LayerNorm": "attn_output_norm",
           "intermediate.dense": "ffn_up", "output.dense": "ffn_down", "output.LayerNorm": "layer_output_norm"}
 
@@ -47,13 +48,15 @@ def read_gguf_encoder(path: Path):
     ranker = pooling == gguf.PoolingType.RANK
     types = meta.tensors.get("token_types.weight")
     config = EncoderConfig(
-        model_type="bert", vocab_size=len(meta.field("tokenizer.ggml.tokens")),
+        model_type=arch, vocab_size=len(meta.field("tokenizer.ggml.tokens")),
         hidden_size=meta.key("embedding_length"), num_layers=meta.key("block_count"),
         num_heads=meta.key("attention.head_count"), intermediate_size=meta.key("feed_forward_length"),
         hidden_act="gelu", layer_norm_eps=meta.key("attention.layer_norm_epsilon", 1e-12),
         max_position_embeddings=meta.key("context_length"), type_vocab_size=int(types.shape[1]) if types else 0,
         position_offset=0, pooling=_POOLING[pooling], normalize=not ranker, max_length=meta.key("context_length"),
         num_labels=int(meta.tensors["cls.output.weight"].shape[-1]) if ranker else 0,
+        rope_base=float(meta.key("rope.freq_base", 1000.0)) if arch == "nomic-bert" else 0.0,
+        linear_bias="blk.0.attn_qkv.bias" in meta.tensors if arch == "nomic-bert" else True,
     )
 
     def tensor(name: str):

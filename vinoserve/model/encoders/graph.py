@@ -38,8 +38,8 @@ def _layer_norm(x: ov.Output, weight: np.ndarray, bias: np.ndarray, eps: float) 
     return ops.add(ops.multiply(normed, const(weight, np.float32)), const(bias, np.float32)).output(0)
 
 
-def _dense(x: ov.Output, tensor: Tensor, name: str) -> ov.Output:
-    return linear(x, const(tensor(f"{name}.weight"), np.float32), tensor(f"{name}.bias"))
+def _dense(x: ov.Output, tensor: Tensor, name: str, bias: bool = True) -> ov.Output:
+    return linear(x, const(tensor(f"{name}.weight"), np.float32), tensor(f"{name}.bias") if bias else None)
 
 
 def _activation(x: ov.Output, act: str) -> ov.Output:
@@ -48,17 +48,38 @@ def _activation(x: ov.Output, act: str) -> ov.Output:
 
 def _attention(x: ov.Output, cfg: EncoderConfig, tensor: Tensor, prefix: str, inp: dict) -> ov.Output:
     """Self-attention of the packed rows x [T, H] within their own sequences: [T, H]."""
-    names = [f"{prefix}.attention.self.{p}" for p in ("query", "key", "value")]
-    weight = np.concatenate([tensor(f"{n}.weight") for n in names])
-    bias = np.concatenate([tensor(f"{n}.bias") for n in names])
-    qkv = ops.gather(linear(x, const(weight, np.float32), bias), inp["gather_index"], const(0))  # [B, L, 3H]
+    if cfg.rope_base:  # nomic-bert: one fused matrix, rotary positions on the packed rows
+        qkv = _rotate_qk(_dense(x, tensor, f"{prefix}.attention.self.qkv", cfg.linear_bias), cfg, inp)
+    else:
+        names = [f"{prefix}.attention.self.{p}" for p in ("query", "key", "value")]
+        weight = np.concatenate([tensor(f"{n}.weight") for n in names])
+        qkv = linear(x, const(weight, np.float32), np.concatenate([tensor(f"{n}.bias") for n in names]))
+    qkv = ops.gather(qkv, inp["gather_index"], const(0))  # [B, L, 3H]
     qkv = ops.reshape(qkv, const([0, 0, 3, cfg.num_heads, cfg.head_size]), special_zero=True)
     qkv = ops.transpose(qkv, const([2, 0, 3, 1, 4]))  # [3, B, nH, L, S]
     q, k, v = (ops.squeeze(part, const([0])) for part in ops.split(qkv, const(0), 3).outputs())
     out = ops.scaled_dot_product_attention(q, k, v, inp["attention_mask"], causal=False)  # [B, nH, L, S]
     out = ops.reshape(ops.transpose(out, const([0, 2, 1, 3])), const([-1, cfg.hidden_size]), special_zero=False)
     out = ops.gather(out, inp["scatter_index"], const(0))  # back to [T, H]
-    return _dense(out, tensor, f"{prefix}.attention.output.dense")
+    return _dense(out, tensor, f"{prefix}.attention.output.dense", cfg.linear_bias)
+
+
+def _rotate_qk(qkv: ov.Output, cfg: EncoderConfig, inp: dict) -> ov.Output:
+    """GPT-NeoX rotary positions (rotate the halves) on q and k of packed rows [T, 3H]."""
+    half = cfg.head_size // 2
+    inv_freq = (1.0 / cfg.rope_base ** (np.arange(half, dtype=np.float64) * 2 / cfg.head_size)).astype(np.float32)
+    angles = ops.multiply(ops.unsqueeze(ops.convert(inp["position_ids"], ov.Type.f32), const(1)),
+                          const(inv_freq[None, :], np.float32))  # [T, S/2]
+    angles = ops.reshape(ops.concat([angles, angles], axis=1), const([-1, 1, 1, cfg.head_size]), special_zero=False)
+    cos, sin = ops.cos(angles), ops.sin(angles)
+    parts = ops.split(ops.reshape(qkv, const([-1, 3, cfg.num_heads, cfg.head_size]), special_zero=False), const(1), 3)
+    rotated = []
+    for x in parts.outputs()[:2]:
+        x1, x2 = ops.split(x, const(3), 2).outputs()
+        turned = ops.concat([ops.multiply(x2, const(-1.0, np.float32)), x1], axis=3)
+        rotated.append(ops.add(ops.multiply(x, cos), ops.multiply(turned, sin)))
+    both = ops.concat([*rotated, parts.output(2)], axis=1)
+    return ops.reshape(both, const([-1, 3 * cfg.hidden_size]), special_zero=False).output(0)
 
 
 def _layer(x: ov.Output, cfg: EncoderConfig, tensor: Tensor, prefix: str, inp: dict) -> ov.Output:
@@ -66,8 +87,12 @@ def _layer(x: ov.Output, cfg: EncoderConfig, tensor: Tensor, prefix: str, inp: d
     attn = ops.add(_attention(x, cfg, tensor, prefix, inp), x)
     x = _layer_norm(attn, tensor(f"{prefix}.attention.output.LayerNorm.weight"),
                     tensor(f"{prefix}.attention.output.LayerNorm.bias"), eps)
-    hidden = _activation(_dense(x, tensor, f"{prefix}.intermediate.dense"), cfg.hidden_act)
-    out = ops.add(_dense(hidden, tensor, f"{prefix}.output.dense"), x)
+    up = _dense(x, tensor, f"{prefix}.intermediate.dense", cfg.linear_bias)
+    if cfg.rope_base:  # nomic-bert's gated FFN
+        hidden = ops.multiply(ops.swish(_dense(x, tensor, f"{prefix}.intermediate.gate", cfg.linear_bias)), up)
+    else:
+        hidden = _activation(up, cfg.hidden_act)
+    out = ops.add(_dense(hidden, tensor, f"{prefix}.output.dense", cfg.linear_bias), x)
     return _layer_norm(out, tensor(f"{prefix}.output.LayerNorm.weight"), tensor(f"{prefix}.output.LayerNorm.bias"), eps)
 
 
@@ -75,7 +100,9 @@ def _embeddings(cfg: EncoderConfig, tensor: Tensor, inp: dict) -> ov.Output:
     def table(name: str, ids: ov.Node) -> ov.Output:
         return ops.gather(const(tensor(f"embeddings.{name}.weight"), np.float32), ids, const(0)).output(0)
 
-    x = ops.add(table("word_embeddings", inp["input_ids"]), table("position_embeddings", inp["position_ids"]))
+    x = table("word_embeddings", inp["input_ids"])
+    if not cfg.rope_base:
+        x = ops.add(x, table("position_embeddings", inp["position_ids"]))
     if cfg.type_vocab_size > 1:
         x = ops.add(x, table("token_type_embeddings", inp["token_type_ids"]))
     elif cfg.type_vocab_size == 1:  # RoBERTa: one row, whatever types a tokenizer writes

@@ -24,7 +24,7 @@ from vinoserve.model.errors import ModelLoadError, last_line
 from vinoserve.model.storage import atomic_dir, cache_root, sha256_file
 
 # Bump when the graph or the cached directory's layout changes, so stale conversions are not reused.
-ENCODER_VERSION = 2
+ENCODER_VERSION = 3
 _PREFIXES = ("", "bert.", "roberta.", "model.")  # BertModel saves bare names, *ForSequenceClassification prefixed
 CONFIG_JSON = "vinoserve_encoder.json"
 
