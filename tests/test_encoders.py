@@ -177,3 +177,27 @@ def test_nomic_bert_gguf_equals_llama_cpp(tmp_path):
         got = _embed(model, TEXTS, layout)
         assert _cosines(got, llama).min() >= 0.99999, layout
     assert _cosines(llama[:1], llama[1:2])[0] < 0.999
+
+
+def test_text_classification_ir_is_a_reranker(tmp_path):
+    """optimum's text-classification export of a cross-encoder: its `logits` as the scores."""
+    import openvino as ov
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from vinoserve.model.encoders.ir import IREncoder
+
+    path = save_cross_encoder(tmp_path / "hf")
+    hf, tok = AutoModelForSequenceClassification.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+    example = {"input_ids": torch.ones(2, 5, dtype=torch.long), "attention_mask": torch.ones(2, 5, dtype=torch.long),
+               "token_type_ids": torch.zeros(2, 5, dtype=torch.long)}
+    ov.save_model(ov.convert_model(hf, example_input=example), path / "openvino_model.xml", compress_to_fp16=False)
+    model = IREncoder(path, F32)
+    assert model.config.is_classifier
+    pairs = [("what is the capital of france?", d) for d in TEXTS]
+    enc = model.tokenizer.encode(pairs, model.config.max_length, truncate=True)
+    got = model.run([Sequence(e.ids, e.type_ids) for e in enc])[:, 0]
+    with torch.no_grad():
+        batch = tok([p[0] for p in pairs], [p[1] for p in pairs], padding=True, return_tensors="pt")
+        expected = hf(**batch).logits[:, 0].numpy()
+    assert np.abs(got - expected).max() < 1e-4
