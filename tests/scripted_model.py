@@ -27,16 +27,17 @@ def scripted_vocab(added: list[str], control: list[str], eos: str, chat_template
     return Vocab(tokens, types, tokens.index(eos), chat_template)
 
 
-def scripted_gguf(vocab: Vocab, successors: dict[str, list[str]], path: Path) -> Path:
+def scripted_gguf(vocab: Vocab, successors: dict[str, list[str]], path: Path, context: int = 2048) -> Path:
     """`successors[token]`: the tokens that may follow `token`, most likely first (3 at most, 4
     logits apart, every other token at 0). Names as in `vocab.tokens`; a byte is in its
-    GPT-2 form ("\\n" is "Ċ")."""
+    GPT-2 form ("\\n" is "Ċ"). `context`: the model's context length (byte-level prompts with
+    tools run to ~1k tokens; an agent client's to tens of thousands)."""
     ids = {t: i for i, t in enumerate(vocab.tokens)}
     scripted = sorted({ids[t] for t in successors} | {ids[s] for ss in successors.values() for s in ss})
     hidden = 64
     assert len(scripted) <= hidden and max(map(len, successors.values())) <= 3
     model = tiny_hf_model("llama", layers=1, vocab=vocab)
-    model.config.max_position_embeddings = 2048  # byte-level prompts with tools run to ~1k tokens
+    model.config.max_position_embeddings = context
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "o_proj" in name or "down_proj" in name:

@@ -8,10 +8,13 @@ from anthropic.types import Message
 from openai.types.responses import Response
 
 from vinoserve.server.anthropic.render import MessageBuilder
+from vinoserve.server.errors import APIError
 from vinoserve.server.events import Finish, ReasoningDelta, Step, TextDelta, ToolCallDelta, ToolCallStart, Usage
 from vinoserve.server.responses.items import leading_system, to_messages
 from vinoserve.server.responses.render import ResponseBuilder
+from vinoserve.server.responses.request import ResponsesRequest
 from vinoserve.server.responses.store import ResponseStore, StoredResponse
+from vinoserve.server.responses.tools import offered_tools
 
 USAGE = Usage(10, 5, cached_tokens=4)
 
@@ -86,3 +89,43 @@ def test_store_drops_the_least_recently_used():
     with pytest.raises(Exception, match="No response found"):
         store.get("b")
     ResponseStore(0).put(StoredResponse({"id": "x"}, [], []))  # --max-stored-responses 0 keeps none
+
+
+# ---- Responses tools: namespaces flattened and split again, built-in tools not offered
+FN = {"type": "function", "name": "exec_command", "parameters": {"type": "object"}, "strict": False}
+NS = {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.",
+      "tools": [{"type": "function", "name": "close_agent", "description": "Close one.", "parameters": {}}]}
+
+
+def _offered(tools: list[dict]):
+    return offered_tools(ResponsesRequest.model_validate({"input": "x", "tools": tools}).tools)
+
+
+def test_namespace_functions_are_offered_flat_and_come_back_apart(caplog):
+    offered = _offered([FN, NS, {"type": "web_search", "external_web_access": False}])
+    assert [t["function"]["name"] for t in offered.chat] == ["exec_command", "multi_agent_v1__close_agent"]
+    assert offered.chat[1]["function"]["description"] == "Sub-agents.\n\nClose one."
+    assert offered.split("multi_agent_v1__close_agent") == ("multi_agent_v1", "close_agent")
+    assert offered.split("get__weather") == (None, "get__weather")  # only this request's namespaces split
+    assert offered.not_offered == ("web_search",) and "web_search" in offered.warning()
+    assert "web_search" in caplog.text
+    # A call comes back as OpenAI returns it: name and namespace apart.
+    b = ResponseBuilder({"id": "resp_1", "object": "response", "created_at": 0, "model": "m", "tools": [],
+                         "parallel_tool_calls": True, "tool_choice": "auto"}, lambda t: 0, offered.split)
+    b.start()
+    b.step(Step(0, (ToolCallStart(0, "c1", "multi_agent_v1__close_agent"), ToolCallDelta(0, "{}"),
+                    Finish("tool_calls"))))
+    b.done(USAGE)
+    call = Response.model_validate(b.response).output[0]
+    assert (call.name, call.namespace) == ("close_agent", "multi_agent_v1")
+    # Sent back, it renders under the name the model was offered.
+    item = {"type": "function_call", "call_id": "c1", "name": "close_agent", "namespace": "multi_agent_v1",
+            "arguments": "{}"}
+    assert to_messages([item])[0]["tool_calls"][0]["function"]["name"] == "multi_agent_v1__close_agent"
+
+
+def test_flattened_names_must_be_unique():
+    clash = {"type": "function", "name": "multi_agent_v1__close_agent"}
+    with pytest.raises(APIError) as e:
+        _offered([clash, NS])
+    assert e.value.param == "tools" and "multi_agent_v1__close_agent" in e.value.message

@@ -10,10 +10,11 @@ import sys
 from pathlib import Path
 
 import httpx
+import jsonschema
 import pytest
 
 from gguf_fixtures import TOKENS, tiny_hf_model, write_gguf
-from server_process import ServerProcess
+from server_process import ServerProcess, sse_events
 from vinoserve.memory import available_memory_bytes, cgroup_room_bytes, memory_limit_bytes
 
 HERE = Path(__file__).parent
@@ -70,12 +71,14 @@ def tiny_gguf(tmp_path_factory) -> Path:
 
 LIMITS = ("--max-request-bytes", "20000", "--max-prompt-tokens", "64", "--max-stop-strings", "2", "--max-n", "4",
           "--max-logprobs", "3")
+CAP = 7  # the model's default output cap on the `server` below (as the built-in model has 256)
 
 
 @pytest.fixture(scope="module")
 def server(tiny_gguf, tmp_path_factory):
     log = tmp_path_factory.mktemp("log") / "server.log"
-    srv = ServerProcess("--model", str(tiny_gguf), "--kv-cache-size", "0.05", *LIMITS, log_path=log).wait_ready()
+    srv = ServerProcess("--model", str(tiny_gguf), "--kv-cache-size", "0.05", *LIMITS,
+                        "--override-generation-config", json.dumps({"max_new_tokens": CAP}), log_path=log).wait_ready()
     yield srv
     assert srv.terminate() == 0
     text = log.read_text()
@@ -130,6 +133,25 @@ def test_invalid_requests_are_400s(server, path, body, param):
     _error(httpx.post(server.url + path, json=body), 400, param)
 
 
+def test_the_models_output_cap_applies_wherever_a_request_leaves_the_length_open(server):
+    """Chat and Responses (streamed or not) take the model's cap; completions keep OpenAI's 16;
+    Anthropic's max_tokens is required (the random model may end early: the echo shows the cap)."""
+    chat = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]},
+                      timeout=60).json()
+    assert chat["usage"]["completion_tokens"] <= CAP
+    body = {"input": "x", "temperature": 0}
+    whole = httpx.post(f"{server.url}/v1/responses", json=body, timeout=60).json()
+    streamed = sse_events(f"{server.url}/v1/responses", body)[-1]["response"]
+    for r in (whole, streamed):
+        assert r["max_output_tokens"] == CAP and r["usage"]["output_tokens"] <= CAP, r
+        assert r["status"] == "completed" or r["usage"]["output_tokens"] == CAP
+    assert streamed["output"][0]["content"][0]["text"] == whole["output"][0]["content"][0]["text"]
+    completion = httpx.post(f"{server.url}/v1/completions", json={"prompt": "ab", "ignore_eos": True}).json()
+    assert completion["usage"]["completion_tokens"] == 16
+    r = httpx.post(f"{server.url}/v1/messages", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"]
+
+
 def test_an_empty_suffix_is_a_plain_completion(server):
     body = {"prompt": "ab", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
     plain = httpx.post(f"{server.url}/v1/completions", json=body).json()
@@ -174,6 +196,44 @@ def test_openapi_documents_real_statuses(server):
     schemas = doc["components"]["schemas"]
     assert schemas["DetokenizeRequest"]["properties"]["tokens"]["items"]["maximum"] == len(TOKENS) - 1
     assert schemas["ChatMessage"]["then"]["required"] == ["content", "tool_call_id"]
+    # Bounds as JSON Schema states them (minimum), not pydantic's bare "ge".
+    assert schemas["CompletionRequest"]["properties"]["max_tokens"]["anyOf"][0]["minimum"] == 0
+    assert schemas["ChatCompletionRequest"]["properties"]["top_logprobs"]["anyOf"][0]["maximum"] == 20
+    assert '"ge"' not in json.dumps(doc) and '"le"' not in json.dumps(doc)
+
+
+ASK = [{"role": "user", "content": "x"}]
+F = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("path, schema, body, status", [
+    # The five that schemathesis found valid by the document and refused (issue 33): now the
+    # document refuses them too, or the server takes them.
+    ("/v1/chat/completions", "ChatCompletionRequest", {"messages": ASK, "tools": [], "tool_choice": {}}, 400),
+    ("/v1/chat/completions", "ChatCompletionRequest", {"messages": ASK, "tools": [], "tool_choice": "required"}, 400),
+    ("/v1/chat/completions", "ChatCompletionRequest", {"messages": ASK, "tools": [], "tool_choice": "auto",
+                                                       "max_tokens": 1}, 200),
+    ("/v1/completions", "CompletionRequest", {"prompt": "ab", "guided_choice": ["a"], "guided_grammar": 'start: "a"'},
+     400),
+    ("/v1/messages", "MessagesRequest", {"model": "tiny", "max_tokens": 2, "messages": ASK,
+                                         "thinking": {"type": "enabled", "budget_tokens": 1024}}, 400),
+    ("/v1/messages/count_tokens", "CountTokensRequest", {"model": "tiny", "messages": ASK,
+                                                         "thinking": {"type": "enabled", "budget_tokens": 1024}}, 400),
+    ("/v1/responses", "ResponsesRequest", {"input": "x", "reasoning": {"effort": "high"}}, 400),
+    ("/v1/responses", "ResponsesRequest", {"input": "x", "tools": [{"type": "web_search"}],
+                                           "tool_choice": "required"}, 400),
+])
+def test_the_document_refuses_what_the_server_refuses(server, path, schema, body, status):
+    doc = httpx.get(f"{server.url}/openapi.json").json()
+    validator = jsonschema.Draft202012Validator({"$ref": f"#/components/schemas/{schema}", **doc})
+    r = httpx.post(server.url + path, json=body, timeout=60)
+    assert r.status_code == status, r.text
+    assert validator.is_valid(body) == (status == 200), list(validator.iter_errors(body))[:1]
+
+
+def test_a_named_function_not_among_the_tools_is_the_400_no_schema_can_state(server):
+    body = {"messages": ASK, "tools": [F], "tool_choice": {"type": "function", "function": {"name": "g"}}}
+    _error(httpx.post(f"{server.url}/v1/chat/completions", json=body), 400, "tool_choice")
 
 
 def test_over_capacity_is_503_with_retry_after(tiny_gguf):
@@ -191,7 +251,7 @@ def test_schemathesis_finds_no_failure(default_server, tmp_path):
     source inspection is not thread-safe (a tool error, not a finding)."""
     cmd = [sys.executable, "-m", "schemathesis.cli", "--config-file", str(HERE / "schemathesis.toml"), "run",
            f"{default_server.url}/openapi.json", "--checks", "all", "--max-examples", "12", "--seed", "7", "--workers", "1",
-           "--no-color", "--generation-database", "none", "--request-timeout", "60"]
+           "--no-color", "--generation-database", "none", "--request-timeout", "60", "--max-response-time", "10"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     (tmp_path / "schemathesis.out").write_text(r.stdout)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]

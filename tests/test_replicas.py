@@ -15,6 +15,7 @@ import httpx
 import openai
 import pytest
 
+from gguf_fixtures import tiny_hf_model, write_gguf
 from server_process import ServerProcess
 from vinoserve.bench.workloads import stdlib_english
 
@@ -134,8 +135,8 @@ def test_sigterm_stops_every_process_and_exits_0(replicas):
     assert not alive, [_cmdline(p) for p in alive]
 
 
-def test_a_router_that_cannot_start_stops_everything(smollm2_gguf):
-    """Its port taken: one clear line, status 1, no replica left behind."""
+def test_a_taken_port_stops_everything(smollm2_gguf):
+    """Its port taken: one clear line, status 1, no replica started."""
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -149,5 +150,49 @@ def test_a_router_that_cannot_start_stops_everything(smollm2_gguf):
             time.sleep(0.05)
         _, err = proc.communicate(timeout=10)
     assert proc.returncode == 1
-    assert "the router exited with status 1 before it served; stopping" in err
-    assert tree and not [p for p in tree if Path(f"/proc/{p}").exists()]
+    assert f"cannot listen on http://127.0.0.1:{port}: [Errno 98] Address already in use" in err
+    assert not [p for p in tree if Path(f"/proc/{p}").exists()]
+
+
+def test_from_the_first_second_every_answer_is_a_503_with_retry_after_until_a_replica_serves(tmp_path):
+    """Requests at once, from the moment the process starts: until the router counts a replica,
+    /health and every API answer 503 with Retry-After in the API's own error shape (or the port is
+    not listening yet); from then on, 200s. Never another 5xx."""
+    gguf = write_gguf(tiny_hf_model("llama"), tmp_path / "tiny.gguf")
+    srv = ServerProcess("--replicas", "2", "--model", str(gguf), "--kv-cache-size", "0.05",
+                        log_path=tmp_path / "server.log")
+    asks = [("GET", "/health", None), ("GET", "/v1/models", None),
+            ("POST", "/v1/completions", {"model": "tiny", "prompt": "ab", "max_tokens": 2}),
+            ("POST", "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                                              "max_tokens": 2, "stream": True}),
+            ("POST", "/v1/messages", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                                      "max_tokens": 2})]
+    seen: list[tuple[float, str, int | None, httpx.Response | None]] = []
+    start = time.monotonic()
+
+    def ask(method: str, path: str, body: dict | None) -> None:
+        while time.monotonic() - start < 180 and sum(r not in (None, 503) for _, p, r, _ in seen if p == path) < 3:
+            try:
+                r = httpx.request(method, srv.url + path, json=body, timeout=30)
+                seen.append((time.monotonic() - start, path, r.status_code, r))
+            except httpx.TransportError:
+                seen.append((time.monotonic() - start, path, None, None))
+            time.sleep(0.02)
+
+    try:
+        with ThreadPoolExecutor(len(asks)) as pool:
+            list(pool.map(lambda a: ask(*a), asks))
+    finally:
+        assert srv.terminate() == 0
+    # SGLang's router (0.3) does not route Anthropic's /v1/messages: a 404 once it serves (docs/agent-apis.md).
+    served = {p: [s for _, q, s, _ in seen if q == p and s not in (None, 503)] for _, p, _ in asks}
+    assert served == {p: [404 if p == "/v1/messages" else 200] * 3 for p in served}, served
+    loading = [(p, r) for _, p, status, r in seen if status == 503]
+    assert {p for p, _ in loading} == {path for _, path, _ in asks}, "no request saw the replicas load"
+    for path, r in loading:
+        assert r.headers["retry-after"] == "5", (path, r.headers)
+        error = r.json()["error"]
+        assert error["type"] == ("overloaded_error" if path == "/v1/messages" else "service_unavailable_error"), error
+    assert not [(p, s) for _, p, s, _ in seen if s is not None and s >= 500 and s != 503]
+    ready = min(t for t, p, s, _ in seen if p == "/health" and s == 200)
+    assert all(s in (200, 404) for t, p, s, _ in seen if t > ready + 0.1), "a 503 after /health said ready"

@@ -161,7 +161,8 @@ def test_previous_response_id_get_delete_and_input_items(api_server, api_client)
 
 @pytest.mark.parametrize("fields, param", [
     ({"background": True}, "background"),
-    ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
+    ({"tools": [{"type": "custom", "name": "patch"}]}, "tools.0"),
+    ({"tools": [{"type": "web_search"}], "tool_choice": "required"}, "tool_choice"),  # built-in: never offered
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
      "input.0.message.content.0"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0"),

@@ -1,9 +1,11 @@
 """Starts the replicas and the router, restarts whichever dies, and stops them all on SIGTERM.
 
-Each replica is a plain `vinoserve serve` on a loopback port, pinned to its share of the cores;
-only the router listens on --host/--port. A replica that dies after it has served is restarted
-on the same port (the router checks health every second and takes it back); one that dies before
-it ever served (a model that cannot load) stops everything with status 1."""
+Each replica is a plain `vinoserve serve` on a loopback port, pinned to its share of the cores,
+and so is the router; only the gate (scale/gate.py) listens on --host/--port, from the first
+second: 503 with Retry-After until the router counts a healthy replica, then every connection
+goes through to the router. A replica that dies after it has served is restarted on the same port
+(the router checks health every second and takes it back); one that dies before it ever served
+(a model that cannot load) stops everything with status 1."""
 from __future__ import annotations
 
 import argparse
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from vinoserve.scale.gate import Gate
 from vinoserve.scale.router import Router, local_url, require_router
 from vinoserve.scale.topology import Share, shares_for
 
@@ -88,20 +91,27 @@ class Supervisor:
             port = free_port()
             self.replicas.append(Replica(replica_command(argv, share, port, threads), env, port=port, share=share,
                                          threads=threads))
-        self.router = Router(args.host, args.port, args.router_policy, free_port(), self.grace_s, args.log_level)
+        self.router = Router("127.0.0.1", free_port(), args.router_policy, free_port(), self.grace_s, args.log_level)
         self.router_proc = Child(self.router.command(), {**env, **self.router.secret_env()})
+        self.gate = Gate(args.host, args.port, self.router.port)
         self.model: str | None = None
 
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._stop)
+        try:
+            self.gate.start()
+        except OSError as e:
+            log.error("cannot listen on %s: %s", local_url(self.gate.host, self.gate.port), e)
+            return 1
         for r in self.replicas:
             r.start()
             log.info("replica %d: pid %d, cpus %s, %d threads, %s", self.replicas.index(r), r.proc.pid,
                      ",".join(map(str, r.share.cpus)), r.threads, r.url)
         self.router_proc.start()
         log.info("router: sglang-router (%s) on %s, its metrics on 127.0.0.1:%d; /readiness counts the "
-                 "replicas serving", self.router.policy, self.router.url, self.router.metrics_port)
+                 "replicas serving; %s answers 503 until one is", self.router.policy, self.router.url,
+                 self.router.metrics_port, local_url(self.gate.host, self.gate.port))
         try:
             while not self.stopping:
                 time.sleep(_POLL_S)
@@ -133,6 +143,9 @@ class Supervisor:
                 self._restart(i, r, status)
             elif r.worker_id is None:
                 self._register(i, r)
+        if not self.gate.ready and any(r.served for r in self.replicas) and self.router.healthy_workers():
+            self.gate.ready = True
+            log.info("serving on %s", local_url(self.gate.host, self.gate.port))
         return True
 
     def _restart(self, i: int, r: Replica, status: int) -> None:
@@ -165,7 +178,9 @@ class Supervisor:
         log.info("replica %d is serving %s", i, self.model)
 
     def _stop_all(self) -> None:
-        """SIGTERM to the router and every replica at once: each drains its in-flight requests."""
+        """SIGTERM to the router and every replica at once: each drains its in-flight requests
+        (their replies still pass the gate, which takes no new connections)."""
+        self.gate.stop_listening()
         children = [self.router_proc, *self.replicas]
         for c in children:
             if c.exited() is None:

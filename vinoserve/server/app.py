@@ -180,7 +180,8 @@ def create_app(config: ServerConfig, on_fatal: Callable[[str], None] | None = No
     shapes = {ANTHROPIC_PATHS: anthropic_error, **rerank.ERROR_SHAPES}
     errors.install(app, shapes)
     openapi.install(app, vocab_size=lambda: state.engine.vocab_size if state.serving is not None else None,
-                    model_name=lambda: name)
+                    model_name=lambda: name,
+                    reasons=lambda: state.serving.chat.reasoning is not None if state.serving is not None else None)
     app.add_middleware(BodySizeLimit, max_bytes=config.limits.max_request_bytes, shapes=shapes)
 
     async def authorized(request: Request) -> None:

@@ -50,10 +50,13 @@ _LINKS = {"/v1/responses": ("/v1/responses/{response_id}", "/v1/responses/{respo
 
 
 def install(app: FastAPI, vocab_size: Callable[[], int | None] = lambda: None,
-            model_name: Callable[[], str | None] = lambda: None) -> None:
-    """`vocab_size` and `model_name` give the model's, once it is loaded: token ids (fields marked
-    x-token-id) are then documented as below it, and fields marked x-model-name as the served
-    name. Until then the document is built afresh on each request."""
+            model_name: Callable[[], str | None] = lambda: None,
+            reasons: Callable[[], bool | None] = lambda: None) -> None:
+    """`vocab_size`, `model_name` and `reasons` (whether it reasons) give the model's, once it is
+    loaded: token ids (fields marked x-token-id) are then documented as below it, fields marked
+    x-model-name as the served name, and for a model that does not reason, fields marked
+    x-without-reasoning as that marker's schema says. Until then the document is built afresh on
+    each request."""
     def document() -> dict:
         if app.openapi_schema is not None:
             return app.openapi_schema
@@ -84,7 +87,7 @@ def install(app: FastAPI, vocab_size: Callable[[], int | None] = lambda: None,
                                                  for s in statuses}}
         _link(doc["paths"])
         vocab = vocab_size()
-        _bound_token_ids(schemas, vocab, model_name())
+        _bound_token_ids(schemas, vocab, model_name(), reasons())
         if vocab is not None:
             app.openapi_schema = doc
         return doc
@@ -92,19 +95,24 @@ def install(app: FastAPI, vocab_size: Callable[[], int | None] = lambda: None,
     app.openapi = document
 
 
-def _bound_token_ids(node, vocab: int | None, model: str | None = None) -> None:
-    """Token-id fields get `maximum: vocab - 1`, model-name fields `enum: [name]` (when known);
-    the markers themselves go."""
+def _bound_token_ids(node, vocab: int | None, model: str | None = None, reasons: bool | None = None) -> None:
+    """Token-id fields get `maximum: vocab - 1`, model-name fields `enum: [name]` (when known),
+    and where the model does not reason, x-without-reasoning fields that marker's schema; the
+    markers themselves go."""
     if isinstance(node, dict):
         if node.pop("x-token-id", False) and vocab is not None:
             node["maximum"] = vocab - 1
         if node.pop("x-model-name", False) and model is not None:
             node["enum"] = [model]
+        if (narrowed := node.pop("x-without-reasoning", None)) is not None and reasons is False:
+            kept = {k: node[k] for k in ("title", "description") if k in node}
+            node.clear()
+            node.update(narrowed, **kept)
         for value in node.values():
-            _bound_token_ids(value, vocab, model)
+            _bound_token_ids(value, vocab, model, reasons)
     elif isinstance(node, list):
         for value in node:
-            _bound_token_ids(value, vocab, model)
+            _bound_token_ids(value, vocab, model, reasons)
 
 
 def _link(paths: dict) -> None:

@@ -42,16 +42,55 @@ def bounded_int(**bounds: int):
     """An Int within bounds (ge=, le=) that the OpenAPI document states as minimum/maximum: a
     Field placed after the validator, inside `| None`, would come out as a bare "ge"."""
     return Annotated[int, Field(**bounds), BeforeValidator(_whole)]
-TokenId = Annotated[Int, Field(ge=0)]
+TokenId = bounded_int(ge=0)
 # An id the server checks against the vocabulary: the OpenAPI document states that bound (openapi.py).
 VocabTokenId = Annotated[Int, Field(ge=0), WithJsonSchema({"type": "integer", "minimum": 0, "x-token-id": True})]
 TokenIds = Annotated[list[VocabTokenId], Field(min_length=1)]
 NonEmptyText = Annotated[str, Field(min_length=1)]
 
 
+# The OpenAPI document narrows a field so marked, for a model that does not reason, to the
+# marker's schema (server/openapi.py).
+WITHOUT_REASONING = "x-without-reasoning"
+
+
+def _not_null(*names: str) -> dict:
+    return {"required": list(names), "properties": {n: {"not": {"type": "null"}} for n in names}}
+
+
+# What the OpenAPI document states of rules that span fields, as server/structured.py and
+# server/tools/plan.py check them. One output constraint at most: response_format (a JSON one),
+# structured_outputs, guided_json / _regex / _choice / _grammar.
+_CONSTRAINTS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+_JSON_FORMAT = {"required": ["response_format"], "properties": {"response_format": {
+    "type": "object", "required": ["type"], "properties": {"type": {"enum": ["json_object", "json_schema"]}}}}}
+ONE_CONSTRAINT = {"not": {"anyOf": [
+    *({"allOf": [_JSON_FORMAT, _not_null(a)]} for a in _CONSTRAINTS),
+    *(_not_null(a, b) for i, a in enumerate(_CONSTRAINTS) for b in _CONSTRAINTS[i + 1:])]}}
+# A chat tool is a named function; tool_choice is none, auto, required or a named function, and
+# the last two need tools. (That the named one is among them no JSON schema can say: a 400.)
+TOOL_SCHEMA = {"type": "object", "required": ["type", "function"], "properties": {
+    "type": {"const": "function"},
+    "function": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string"}, "description": {"type": ["string", "null"]}, "parameters": {"type": "object"},
+        "strict": {"type": ["boolean", "null"]}}}}}
+TOOL_CHOICE_SCHEMA = {"anyOf": [{"enum": ["none", "auto", "required"]}, {
+    "type": "object", "required": ["type", "function"], "properties": {
+        "type": {"const": "function"},
+        "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}},
+    {"type": "null"}]}
+
+
+def needs_tools(choices: dict, tools: dict | None = None) -> dict:
+    """JSON Schema's if/then: a tool_choice matching `choices` needs `tools` (by default, at least one)."""
+    return {"if": {"required": ["tool_choice"], "properties": {"tool_choice": choices}},
+            "then": {"required": ["tools"], "properties": {"tools": tools or {"type": "array", "minItems": 1}}}}
+
+
 class _Sampling(_Request):
+    model_config = ConfigDict(json_schema_extra=ONE_CONSTRAINT)
     model: str | None = None
-    max_tokens: Int | None = Field(None, ge=1)
+    max_tokens: bounded_int(ge=1) | None = None
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
     n: Int = Field(1, ge=1)
@@ -63,7 +102,7 @@ class _Sampling(_Request):
     seed: Int | None = None
     user: str | None = None
     # vLLM's extensions
-    top_k: Int | None = Field(None, ge=-1)
+    top_k: bounded_int(ge=-1) | None = None
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0)
     stop_token_ids: list[TokenId] | None = None
@@ -71,7 +110,9 @@ class _Sampling(_Request):
     min_tokens: Int = Field(0, ge=0)
     skip_special_tokens: bool = True  # false: special tokens the model writes are part of the text
     prompt_logprobs: int | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: Annotated[dict[str, float] | None, WithJsonSchema({"anyOf": [{"type": "null"}, {
+        "type": "object", "propertyNames": {"pattern": "^[0-9]+$"},  # token ids, as OpenAI's map
+        "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}}]})] = None
     # Structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields
     response_format: dict | None = None
     structured_outputs: dict | None = None
@@ -85,11 +126,14 @@ class _Sampling(_Request):
 
 
 class CompletionRequest(_Sampling):
+    model_config = ConfigDict(json_schema_extra={**ONE_CONSTRAINT, "if": {
+        "required": ["max_tokens"], "properties": {"max_tokens": {"const": 0}}},  # scoring the prompt only
+        "then": {"required": ["echo"], "properties": {"echo": {"const": True}}}})
     prompt: NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)] | TokenIds | Annotated[
         list[TokenIds], Field(min_length=1)]
-    logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # top-k alternatives per token
+    logprobs: bounded_int(ge=0, le=MAX_LOGPROBS) | None = None  # top-k alternatives per token
     echo: bool = False
-    max_tokens: Int | None = Field(None, ge=0)  # 0 with echo: score the prompt only
+    max_tokens: bounded_int(ge=0) | None = None  # 0 with echo: score the prompt only
     best_of: int | None = None  # generate this many per prompt, return the n most likely
     suffix: str | None = None
 
@@ -121,13 +165,16 @@ class ChatMessage(_Request):
 
 
 class ChatCompletionRequest(_Sampling):
+    model_config = ConfigDict(json_schema_extra={
+        **ONE_CONSTRAINT, **needs_tools({"anyOf": [{"const": "required"}, {"type": "object"}]})})
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Int | None = Field(None, ge=1)
+    max_completion_tokens: bounded_int(ge=1) | None = None
     logprobs: bool = False
-    top_logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: bounded_int(ge=0, le=MAX_LOGPROBS) | None = None
     add_generation_prompt: bool = True
-    tools: list[dict] | None = None
-    tool_choice: str | dict | None = None
+    tools: Annotated[list[dict] | None, WithJsonSchema({"anyOf": [{"type": "array", "items": TOOL_SCHEMA},
+                                                                  {"type": "null"}]})] = None
+    tool_choice: Annotated[str | dict | None, WithJsonSchema(TOOL_CHOICE_SCHEMA)] = None
     parallel_tool_calls: bool = True
     # vLLM's: more variables for the chat template, e.g. {"enable_thinking": false}
     chat_template_kwargs: dict | None = None

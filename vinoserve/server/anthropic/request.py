@@ -17,10 +17,10 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, WithJsonSchema
+from pydantic import BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from vinoserve.server.errors import APIError
-from vinoserve.server.protocol import Int, _Request, bounded_int, unsupported
+from vinoserve.server.protocol import WITHOUT_REASONING, Int, _Request, bounded_int, needs_tools, unsupported
 
 
 class TextBlock(_Request):
@@ -57,7 +57,18 @@ Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | R
                   Field(discriminator="type")]
 
 
+def _blocks(*kinds: str) -> dict:
+    """The OpenAPI document's `content` of a turn that holds only these kinds of blocks."""
+    return {"properties": {"content": {"anyOf": [{"type": "string"}, {"type": "array", "items": {
+        "properties": {"type": {"enum": list(kinds)}}}}]}}}
+
+
 class InputMessage(_Request):
+    # Which blocks a turn may hold (to_messages checks the same: a 400 naming the block).
+    model_config = ConfigDict(json_schema_extra={"allOf": [
+        {"if": {"properties": {"role": {"const": role}}}, "then": _blocks(*kinds)}
+        for role, kinds in (("user", ("text", "tool_result")), ("system", ("text",)),
+                            ("assistant", ("text", "tool_use", "thinking", "redacted_thinking")))]})
     role: Literal["user", "assistant", "system"]  # system: not Anthropic's, but Claude Code sends it
     content: str | list[Block]
 
@@ -82,6 +93,8 @@ class ToolChoiceTool(_Request):
 
 
 class ThinkingEnabled(_Request):
+    # The OpenAPI document leaves it out for a model that does not reason (server/openapi.py).
+    model_config = ConfigDict(json_schema_extra={WITHOUT_REASONING: {"not": {}}})
     type: Literal["enabled"]
     budget_tokens: Int = Field(ge=1024)
 
@@ -118,6 +131,8 @@ class ContextManagement(_Request):
 
 
 class MessagesRequest(_Request):
+    model_config = ConfigDict(json_schema_extra=needs_tools({"required": ["type"], "properties": {
+        "type": {"enum": ["any", "tool"]}}}))  # and a named tool among them: a 400 otherwise
     model: Annotated[str, WithJsonSchema({"type": "string", "x-model-name": True})]  # the served name (openapi.py)
     max_tokens: Int = Field(ge=1)
     messages: list[InputMessage] = Field(min_length=1)

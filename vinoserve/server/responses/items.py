@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import uuid
 
+from vinoserve.server.responses.tools import flat_name
+
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
 
 
@@ -27,9 +29,10 @@ def to_messages(items: list[dict]) -> list[dict]:
             if message["role"] == "assistant" and reasoning is not None:
                 message["reasoning_content"], reasoning = reasoning, None
             messages.append(message)
-        elif kind == "function_call":
+        elif kind == "function_call":  # a namespace's function under the name the model was offered
+            name = flat_name(item.get("namespace"), item["name"])
             call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+                    "function": {"name": name, "arguments": item["arguments"]}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and reasoning is None:
                 last.setdefault("tool_calls", []).append(call)

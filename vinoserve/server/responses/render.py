@@ -18,11 +18,14 @@ from vinoserve.server.responses.items import item_id
 
 
 class ResponseBuilder:
-    def __init__(self, response: dict, count_tokens: Callable[[str], int]) -> None:
-        """`response`: the Response's fields that echo the request (id, model, tools, ...)."""
+    def __init__(self, response: dict, count_tokens: Callable[[str], int],
+                 split_name: Callable[[str], tuple[str | None, str]] = lambda name: (None, name)) -> None:
+        """`response`: the Response's fields that echo the request (id, model, tools, ...);
+        `split_name`: a called name as (namespace, name) (responses/tools.py)."""
         self.response = {**response, "status": "in_progress", "output": [], "error": None,
                          "incomplete_details": None, "usage": None}
         self.count_tokens = count_tokens
+        self.split_name = split_name
         self.sequence = 0
         self.open: tuple | None = None  # the open item's key: ("reasoning",), ("message",) or ("call", k)
         self.calls: dict[int, int] = {}  # a call's index -> its output index
@@ -99,8 +102,9 @@ class ResponseBuilder:
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         else:
             self.calls[call.call_index] = index
-            item = {"id": item_id("fc"), "type": "function_call", "call_id": call.id, "name": call.name,
-                    "arguments": "", "status": "in_progress"}
+            namespace, name = self.split_name(call.name)
+            item = {"id": item_id("fc"), "type": "function_call", "call_id": call.id, "name": name,
+                    **({"namespace": namespace} if namespace else {}), "arguments": "", "status": "in_progress"}
             part = None
         self.output.append(item)
         events.append(self._event("response.output_item.added", output_index=index, item=copy.deepcopy(item)))

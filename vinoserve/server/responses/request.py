@@ -1,25 +1,28 @@
 """A POST /v1/responses body: validated here, then converted into a chat request's fields.
 
-Honoured: input (string or items), instructions, function tools (Responses' flat shape),
+Honoured: input (string or items), instructions, function and namespace tools (responses/tools.py),
 tool_choice (auto, none, required, a function, allowed_tools), parallel_tool_calls, text.format
 (text, json_object, json_schema), max_output_tokens, temperature, top_p (and vLLM's sampling
 extras), reasoning.effort on a reasoning model (none turns thinking off), metadata, store,
-previous_response_id, stream. Refused with a 400, because they would change the result and this
-server cannot honour them: built-in tools, background, conversation, prompt templates, logprobs,
-truncation "auto", text.verbosity other than medium, reasoning on a model that does not reason.
-Fields that change nothing here (user, service_tier, prompt_cache_key, include of
-reasoning.encrypted_content, ...) are accepted, as OpenAI ignores unknown fields.
+previous_response_id, stream. Built-in tools OpenAI runs itself (web_search, ...) are accepted
+and not offered to the model, with a warning (responses/tools.py). Refused with a 400, because
+they would change the result and this server cannot honour them: other tool types, background,
+conversation, prompt templates, logprobs, truncation "auto", text.verbosity other than medium,
+reasoning on a model that does not reason. Fields that change nothing here (user, service_tier,
+prompt_cache_key, client_metadata, include of reasoning.encrypted_content, reasoning.summary)
+are accepted, as OpenAI ignores unknown fields.
 """
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, ConfigDict, Field
 
 from vinoserve.server.errors import APIError
-from vinoserve.server.protocol import Int, _Request, bounded_int, unsupported
-from vinoserve.server.responses.schema import (FunctionTool, Includable, Item, Metadata, ReasoningConfig, TextConfig,
+from vinoserve.server.protocol import Int, _Request, bounded_int, needs_tools, unsupported
+from vinoserve.server.responses.schema import (Includable, Item, Metadata, ReasoningConfig, TextConfig, Tool,
                                                ToolChoice, ToolChoiceAllowed, ToolChoiceFunction)
+from vinoserve.server.responses.tools import OfferedTools, flat_name
 
 
 def _no_auto_truncation(value: object) -> object:
@@ -35,10 +38,17 @@ def _no_logprobs(value: object) -> object:
 
 
 class ResponsesRequest(_Request):
+    # required (or allowed_tools' required) or a named function needs a function tool (built-in tools
+    # are not offered: tools.py); that the named ones are among them no JSON schema can say (a 400).
+    model_config = ConfigDict(json_schema_extra=needs_tools(
+        {"anyOf": [{"const": "required"}, {"required": ["type"], "properties": {"type": {"const": "function"}}},
+                   {"required": ["mode"], "properties": {"mode": {"const": "required"}}}]},
+        {"type": "array", "contains": {"required": ["type"], "properties": {"type": {"enum": ["function",
+                                                                                              "namespace"]}}}}))
     model: str | None = None
     input: str | Annotated[list[Item], Field(min_length=1)]
     instructions: str | None = None
-    tools: list[FunctionTool] = []
+    tools: list[Tool] = []
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     text: TextConfig | None = None
@@ -48,6 +58,10 @@ class ResponsesRequest(_Request):
     top_p: float | None = Field(None, gt=0, le=1)
     metadata: Metadata | None = None
     store: bool = True
+    # Accepted, and change nothing here: the prefix cache needs no key; client_metadata is Codex's
+    # per-turn telemetry, which OpenAI keeps in its logs.
+    prompt_cache_key: str | None = None
+    client_metadata: dict[str, str] | None = None
     stream: bool = False
     previous_response_id: str | None = None
     truncation: Annotated[Literal["disabled"] | None, BeforeValidator(_no_auto_truncation)] = None
@@ -72,17 +86,19 @@ class ResponsesRequest(_Request):
         return [i.model_dump(exclude_none=True, by_alias=True) for i in self.input]
 
 
-def chat_fields(body: ResponsesRequest, messages: list[dict], reasons: bool) -> dict:
+def chat_fields(body: ResponsesRequest, messages: list[dict], reasons: bool, offered: OfferedTools) -> dict:
     """The ChatCompletionRequest fields of a Responses request, its conversation given as chat
-    messages (any earlier response's, then the input's)."""
+    messages (any earlier response's, then the input's), its tools as `offered`."""
     if not reasons and body.reasoning is not None and body.reasoning.effort not in (None, "none"):
         raise APIError(400, "this model does not reason", "reasoning.effort")
     fields = {"messages": messages, "parallel_tool_calls": body.parallel_tool_calls, "stream": body.stream,
               "max_completion_tokens": body.max_output_tokens, "response_format": response_format(body.text),
               **body.model_dump(include={"temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty",
                                          "presence_penalty", "frequency_penalty"}, exclude_none=True)}
-    tools = chat_tools(body.tools)
-    choice, tools = chat_tool_choice(body.tool_choice, tools)
+    choice, tools = chat_tool_choice(body.tool_choice, offered.chat)
+    if not tools and offered.not_offered and choice not in (None, "auto", "none"):
+        raise APIError(400, f"tool_choice needs a function tool: built-in tools ({', '.join(offered.not_offered)}) "
+                            "are not offered to the model here", "tool_choice")
     if tools:
         fields["tools"] = tools
     if choice is not None:
@@ -94,18 +110,13 @@ def chat_fields(body: ResponsesRequest, messages: list[dict], reasons: bool) -> 
     return fields
 
 
-def chat_tools(tools: list[FunctionTool]) -> list[dict]:
-    """Responses' flat function tools as chat tools."""
-    return [{"type": "function", "function": t.model_dump(include={"name", "description", "parameters", "strict"},
-                                                          exclude_none=True)} for t in tools]
-
-
 def chat_tool_choice(choice: ToolChoice | None, tools: list[dict]) -> tuple[str | dict | None, list[dict]]:
     """Responses' tool_choice as chat's, and the tools it leaves on offer."""
     if isinstance(choice, ToolChoiceFunction):
         return {"type": "function", "function": {"name": choice.name}}, tools
     if isinstance(choice, ToolChoiceAllowed):
-        names = {t.get("name") for t in choice.tools if t.get("type") == "function"}
+        names = {flat_name(t.get("namespace"), t["name"]) for t in choice.tools
+                 if t.get("type") == "function" and isinstance(t.get("name"), str)}
         return choice.mode, [t for t in tools if t["function"]["name"] in names]
     return choice, tools
 

@@ -1,14 +1,15 @@
 """The shapes a POST /v1/responses body may take, as pydantic models: what they accept is what
 the OpenAPI document states (openai's own types name them). Items and parts a text model with
-function tools cannot honour (images, files, built-in tools' calls, item references) are not
-among them, so they are a 400 naming the field."""
+function tools cannot honour (images, files, built-in tools' calls, item references) and tools
+the client would run other than functions (custom, shell, computer use) are not among them, so
+they are a 400 naming the field."""
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Discriminator, Field, Tag
+from pydantic import ConfigDict, Discriminator, Field, Tag
 
-from vinoserve.server.protocol import _Request
+from vinoserve.server.protocol import WITHOUT_REASONING, _Request
 
 
 class TextPart(_Request):
@@ -38,6 +39,7 @@ class FunctionCallItem(_Request):
     call_id: str
     name: str
     arguments: str
+    namespace: str | None = None  # a function of a namespace tool (server/responses/tools.py)
     id: str | None = None
 
 
@@ -78,10 +80,31 @@ Item = Annotated[Annotated[MessageItem, Tag("message")] | Annotated[FunctionCall
 
 class FunctionTool(_Request):
     type: Literal["function"]
-    name: str
+    name: Annotated[str, Field(min_length=1)]
     description: str | None = None
     parameters: dict | None = None
     strict: bool | None = None
+
+
+class NamespaceTool(_Request):
+    """A group of functions under one name; the model is offered them flattened (responses/tools.py)."""
+    type: Literal["namespace"]
+    name: Annotated[str, Field(min_length=1)]
+    description: str | None = None
+    tools: Annotated[list[FunctionTool], Field(min_length=1)]
+
+
+# Tools OpenAI runs on its own servers. Accepted and not offered to the model: see responses/tools.py.
+HOSTED_TOOLS = ("web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11",
+                "file_search", "code_interpreter", "image_generation", "mcp")
+
+
+class HostedTool(_Request):
+    model_config = ConfigDict(extra="allow", strict=True)  # its settings are echoed back as sent
+    type: Literal[HOSTED_TOOLS]
+
+
+Tool = Annotated[FunctionTool | NamespaceTool | HostedTool, Field(discriminator="type")]
 
 
 class ToolChoiceFunction(_Request):
@@ -121,7 +144,8 @@ class TextConfig(_Request):
 
 
 class ReasoningConfig(_Request):
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
+        None, json_schema_extra={WITHOUT_REASONING: {"enum": ["none", None]}})
     summary: Literal["auto", "concise", "detailed"] | None = None
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
 

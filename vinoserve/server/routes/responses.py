@@ -19,6 +19,7 @@ from vinoserve.server.builders import built, streamed
 from vinoserve.server.responses.render import ResponseBuilder
 from vinoserve.server.responses.request import ResponsesRequest, chat_fields
 from vinoserve.server.responses.store import ResponseStore, StoredResponse
+from vinoserve.server.responses.tools import offered_tools
 from vinoserve.server.serving import Serving, current
 
 router = APIRouter()
@@ -40,22 +41,28 @@ async def create_response(body: ResponsesRequest, raw: Request, serving: Serving
     instructions = [{"type": "message", "role": "system", "content": body.instructions}] if body.instructions else []
     try:
         messages = leading_system(to_messages([*instructions, *earlier, *items]))
-        req = chat_request(chat_fields(body, messages, serving.chat.reasoning is not None))
+        offered = offered_tools(body.tools)
+        req = chat_request(chat_fields(body, messages, serving.chat.reasoning is not None, offered))
         prepared = await prepare_chat(serving, req)
         streams = serving.admit([prepared.prompt], prepared.params, "input")
     except APIError as e:
         raise renamed(e, _FIELDS) from None
     events = serving.events([prepared.prompt], streams, prepared.choice_text)
     builder = ResponseBuilder(_echoed(body, serving.model_name, prepared.params),
-                              lambda text: len(serving.tokenizer.encode(text, add_special_tokens=False)))
+                              lambda text: len(serving.tokenizer.encode(text, add_special_tokens=False)),
+                              offered.split)
 
     def keep(response: dict) -> None:
         if body.store:
             store.put(StoredResponse(response, listed(items), [*earlier, *items, *response["output"]]))
 
     if body.stream:
-        return event_stream_response(_streamed(builder, events, keep), streams)
-    return await unless_disconnected(raw, _whole(builder, events, keep), streams)
+        response = event_stream_response(_streamed(builder, events, keep), streams)
+    else:
+        response = await unless_disconnected(raw, _whole(builder, events, keep), streams)
+    if warning := offered.warning():
+        response.headers["Warning"] = warning
+    return response
 
 
 @router.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"])
@@ -106,7 +113,7 @@ def _echoed(body: ResponsesRequest, model: str, params: SamplingParams) -> dict:
     fmt = body.text.format if body.text is not None else None
     choice = body.tool_choice or "auto"
     return {"id": item_id("resp"), "object": "response", "created_at": int(time.time()), "model": model,
-            "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
+            "instructions": body.instructions, "max_output_tokens": params.max_tokens,
             "metadata": body.metadata or {}, "parallel_tool_calls": body.parallel_tool_calls,
             "previous_response_id": body.previous_response_id,
             "reasoning": body.reasoning.model_dump() if body.reasoning else {"effort": None, "summary": None},

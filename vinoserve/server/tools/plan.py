@@ -44,13 +44,14 @@ def tool_plan(req) -> ToolPlan | None:
     strict = tuple(f for f, t in zip(functions, tools) if t["function"].get("strict"))
     if choice is None:
         choice = "auto" if functions else "none"
-    if choice == "none":
+    if choice == "none" or (choice == "auto" and not functions):  # no call can come either way
         return None
     if not functions:
         raise APIError(400, "tool_choice needs tools", "tool_choice")
     if choice in ("auto", "required"):
         return ToolPlan(tuple(functions), choice == "required", req.parallel_tool_calls, strict)
-    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    function = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    name = function.get("name") if isinstance(function, dict) else None
     named = [f for f in functions if f["name"] == name]
     if not named:
         raise APIError(400, f"tool_choice must be none, auto, required or a function among tools; got {choice!r}",
