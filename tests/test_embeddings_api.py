@@ -179,11 +179,51 @@ def test_bad_input_is_a_400_in_openai_shape(server, path, body, param, words):
     assert error["param"] == param and words in error["message"], error
 
 
-def test_cohere_path_errors_are_cohere_shaped_and_unknown_models_404(server):
-    r = httpx.post(f"{server.url}/v2/rerank", json={"model": "minilm", "query": "", "documents": ["a"]})
-    assert r.status_code == 400 and set(r.json()) == {"message"}
+@pytest.mark.parametrize("body,words", [
+    ({"model": "minilm", "query": "", "documents": ["a"]}, "query"),
+    ({"model": "rr", "query": QUERY, "documents": []}, "documents must not be empty"),
+    ({"model": "rr", "query": QUERY, "documents": ["d"] * 2049}, "over the limit of 2048"),
+    ({"model": "rr", "documents": ["d"]}, "query"),
+    ({"model": "rr", "query": QUERY, "documents": ["d"], "top_n": -1}, "top_n"),
+])
+def test_cohere_path_errors_are_cohere_shaped(server, body, words):
+    r = httpx.post(f"{server.url}/v2/rerank", json=body)
+    assert r.status_code == 400 and set(r.json()) == {"message"} and words in r.json()["message"], r.text
+
+
+def test_unknown_models_404(server):
     r = httpx.post(f"{server.url}/v1/embeddings", json={"model": "nope", "input": "a"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    r = httpx.post(f"{server.url}/v2/rerank", json={"model": "nope", "query": "q", "documents": ["a"]})
+    assert r.status_code == 404 and set(r.json()) == {"message"}
+
+
+def test_bad_requests_among_good_ones_disturb_nothing(server, reference):
+    """The issue's bad inputs sent at once with good requests (what the batcher packs together):
+    each bad one a 400, every good one its own right vectors, and the server still healthy."""
+    bad = [("/v1/embeddings", {"model": "minilm", "input": []}),
+           ("/v1/embeddings", {"model": "minilm", "input": ["ok", "word " * 300]}),
+           ("/v1/embeddings", {"model": "minilm", "input": ["x"] * 2049}),
+           ("/v1/embeddings", {"model": "rr", "input": "x"}),
+           ("/v1/rerank", {"model": "rr", "query": QUERY, "documents": ["d"] * 2049}),
+           ("/v2/rerank", {"model": "rr", "query": QUERY, "documents": []})]
+    good = [DOCS[i % 4] + f" {i}" for i in range(16)]
+
+    async def together() -> tuple[list[httpx.Response], list[httpx.Response]]:
+        async with httpx.AsyncClient(timeout=120) as c:
+            oks = [asyncio.create_task(c.post(f"{server.url}/v1/embeddings", json={"model": "minilm", "input": t}))
+                   for t in good[:8]]
+            errs = [asyncio.create_task(c.post(f"{server.url}{path}", json=body)) for path, body in bad]
+            oks += [asyncio.create_task(c.post(f"{server.url}/v1/embeddings", json={"model": "minilm", "input": t}))
+                    for t in good[8:]]
+            return await asyncio.gather(*oks), await asyncio.gather(*errs)
+
+    oks, errs = asyncio.run(together())
+    assert [r.status_code for r in errs] == [400] * len(bad), [r.text for r in errs]
+    assert all(r.status_code == 200 for r in oks)
+    got = np.array([r.json()["data"][0]["embedding"] for r in oks])
+    assert _cos(got, reference.encode(good)).min() >= 0.99999
+    assert httpx.get(f"{server.url}/health").status_code == 200
 
 
 def test_models_lists_each_with_what_it_serves(server):

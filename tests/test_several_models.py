@@ -77,5 +77,7 @@ def test_each_request_goes_to_the_model_it_names(chat_and_embedder):
     wrong = httpx.post(f"{srv.url}/v1/chat/completions", json={
         "model": "minilm", "messages": [{"role": "user", "content": "hi"}]})
     assert wrong.status_code == 400 and "`minilm` cannot serve this endpoint" in wrong.json()["error"]["message"]
+    wrong = httpx.post(f"{srv.url}/v2/rerank", json={"model": "chat", "query": "q", "documents": ["a"]})
+    assert wrong.status_code == 400 and "`chat` cannot serve rerank" in wrong.json()["message"]  # Cohere's shape
     memory = [line for line in log.read_text().splitlines() if "memory by model" in line]
     assert memory and "chat" in memory[0] and "KV cache" in memory[0] and "minilm" in memory[0]

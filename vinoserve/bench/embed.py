@@ -52,15 +52,17 @@ class VinoserveEncoder:
 
 
 class SentenceTransformers:
-    name = "sentence-transformers"
-
-    def __init__(self, model_dir: str, threads: int | None) -> None:
+    def __init__(self, model_dir: str, threads: int | None, precision: str = "f32") -> None:
         import torch
         from sentence_transformers import SentenceTransformer
 
         if threads:
             torch.set_num_threads(threads)
         self.model = SentenceTransformer(model_dir, device="cpu")
+        # bf16: torch's oneDNN kernels on the CPU's bf16 units, the like-for-like peer of vinoserve's default
+        self.name = "sentence-transformers" if precision == "f32" else f"sentence-transformers {precision}"
+        if precision == "bf16":
+            self.model = self.model.to(torch.bfloat16)
 
     def embed(self, texts: list[str]) -> float:
         start = time.perf_counter()
@@ -184,6 +186,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--threads", type=int, default=None, help="threads for every engine (default: all CPUs)")
     ap.add_argument("--precisions", default="auto,f32", help="vinoserve's compute precisions (auto: the CPU's)")
     ap.add_argument("--engines", default="vinoserve,sentence-transformers,llama.cpp")
+    ap.add_argument("--st-precisions", default="f32", help="sentence-transformers' precisions: f32 (its default; "
+                                                          "the reference), bf16")
     ap.add_argument("--beside-chat", default=None, metavar="CHAT_MODEL",
                     help="instead: one server with this chat model and the embedder; time per output token of 4 "
                          "decoding streams alone and beside 32 clients embedding (bench/embed_beside_chat.py)")
@@ -208,7 +212,8 @@ def main(args: argparse.Namespace) -> None:
         engines += [_OwnProcess(VinoserveEncoder, str(model_dir), None if p == "auto" else p, args.threads)
                     for p in args.precisions.split(",")]
     if "sentence-transformers" in wanted:
-        engines.append(_OwnProcess(SentenceTransformers, str(model_dir), args.threads))
+        engines += [_OwnProcess(SentenceTransformers, str(model_dir), args.threads, p)
+                    for p in args.st_precisions.split(",")]
     print(f"{display_name(model_dir)}: {args.docs} documents x {args.doc_tokens} tokens a batch, {args.query_tokens}-token "
           f"queries one at a time; {args.rounds} paired rounds; {os.cpu_count()} CPUs; load average "
           f"{os.getloadavg()[0]:.2f}")
@@ -230,7 +235,7 @@ def main(args: argparse.Namespace) -> None:
 
 
 def report(batch: dict[str, list[float]], latency: dict[str, list[float]]) -> list[str]:
-    references = [n for n in ("llama.cpp", "sentence-transformers") if n in batch]
+    references = [n for n in ("llama.cpp", "sentence-transformers", "sentence-transformers bf16") if n in batch]
     lines = [f"{'engine':<24}{'batch tok/s':>12}{'query ms':>10}" +
              "".join(f"   batch x {r:<22} query ms / {r:<22}" for r in references)]
     for name in batch:
