@@ -29,9 +29,11 @@ from vinoserve.model.errors import ModelLoadError
 if TYPE_CHECKING:  # paged.py imports this module
     from vinoserve.model.paged import CompileOptions
 
-# Steps of at most this many tokens go to the decode model (one to three sequences decoding); at
-# four the bf16 kernels were level or ahead.
-MAX_TOKENS = 3
+# Steps of at most this many tokens go to the decode model: a few sequences decoding, or one
+# verifying its proposals (1 + k tokens). On a Sapphire Rapids the bf16 kernels were level at four;
+# on an Emerald Rapids (2026-11-26, docs/performance.md) the decode model was ahead up to 24 tokens
+# (1.5B Q4_0: 121 against 195 ms at 5, 186 against 226 at 16) and behind at 32 on the 135M model.
+MAX_TOKENS = 16
 KV_PRECISION = "u8"
 # `auto` takes the decode model when the weights are at most this share of the memory: on 24 GiB,
 # up to 8B-sized 4-bit models (3.9 GB; decode 1.48x llama.cpp with it, 1.19x without), on 16 GiB up
