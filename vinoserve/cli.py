@@ -27,7 +27,7 @@ def _model_args(p: argparse.ArgumentParser, several: bool = False) -> None:
 def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="CPU")
     p.add_argument("--inference-precision", choices=("f32", "bf16", "f16"), default=None,
-                   help="default: the device's fastest (f16 is refused on CPU: docs/performance.md)")
+                   help="default: the device's fastest (f16 is refused on CPU: docs/performance-lab-notes.md)")
     p.add_argument("--kv-cache-precision", choices=("f32", "f16", "bf16", "u8", "u4"), default=None,
                    help="default: u8 with the decode model, else bf16 where compute runs in bf16 on CPU, "
                         "else the device's choice")
