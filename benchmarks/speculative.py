@@ -4,6 +4,9 @@ and the ratio, with the acceptance figures.
 
   copy    chat requests that rewrite a piece of this repository's source (rename a function,
           output the whole file): the model copies most of its input, so prompt lookup pays
+  quote   a question answered from retrieved passages, quoting the one that answers it (RAG)
+  extract fields pulled out of a document as JSON (extraction, summary-like rewrites)
+  agent   an agent's turn after a tool's output: report what the tool printed
   free    chat requests to write something new: little to copy (where a draft model may pay)
   random  random token prompts, ignore_eos: nothing to look up, proposals are rare
 
@@ -54,6 +57,53 @@ def copy_prompts(engine: LLMEngine, n: int, chars: int) -> list[list[int]]:
     return prompts
 
 
+def _chat(engine: LLMEngine, messages: list[dict]) -> list[int]:
+    tok = engine.tokenizer
+    return tok.encode(tok.apply_chat_template(messages), add_special_tokens=False)
+
+
+def _passages(i: int, chars: int) -> list[str]:
+    """Paragraphs of real English text (the standard library's documentation), a different run each i."""
+    from vinoserve.bench.workloads import stdlib_english
+
+    paras = [p.strip() for p in stdlib_english().split("\n\n") if len(p.strip()) > 200]
+    return [p[:chars // 3] for p in paras[3 * i:3 * i + 3]]
+
+
+def quote_prompts(engine: LLMEngine, n: int, chars: int) -> list[list[int]]:
+    out = []
+    for i in range(n):
+        docs = _passages(i, chars)
+        context = "\n\n".join(f"[{k + 1}] {d}" for k, d in enumerate(docs))
+        ask = (f"Answer from these passages, quoting the passage that answers word for word.\n\n{context}\n\n"
+               f"Question: what does passage [2] say? Quote it.")
+        out.append(_chat(engine, [{"role": "user", "content": ask}]))
+    return out
+
+
+def extract_prompts(engine: LLMEngine, n: int, chars: int) -> list[list[int]]:
+    out = []
+    for i in range(n):
+        doc = _passages(i, 3 * chars)[0]
+        ask = (f"Extract from this text a JSON object with keys \"first_sentence\", \"last_sentence\" and "
+               f"\"keywords\" (the sentences copied exactly):\n\n{doc}")
+        out.append(_chat(engine, [{"role": "user", "content": ask}]))
+    return out
+
+
+def agent_prompts(engine: LLMEngine, n: int, chars: int) -> list[list[int]]:
+    root = Path(__file__).resolve().parent.parent
+    out = []
+    for i in range(n):
+        listing = (root / SOURCES[i % len(SOURCES)]).read_text()[:chars]
+        out.append(_chat(engine, [
+            {"role": "user", "content": f"Show me the start of {SOURCES[i % len(SOURCES)]}."},
+            {"role": "assistant", "content": f"Running: head -c {chars} {SOURCES[i % len(SOURCES)]}"},
+            {"role": "user", "content": f"Tool output:\n{listing}\n\nNow show the user that output as it is, "
+                                        f"in a code block."}]))
+    return out
+
+
 def random_prompts(engine: LLMEngine, n: int, length: int, seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [rng.integers(100, engine.model.config.vocab_size - 100, length).tolist() for _ in range(n)]
@@ -78,7 +128,7 @@ def free_prompts(engine: LLMEngine, n: int) -> list[list[int]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", default="copy", help="copy, free, random, or several comma-separated")
+    ap.add_argument("--workload", default="copy", help="copy, quote, extract, agent, free, random, or several comma-separated")
     ap.add_argument("--streams", default="1,4", help="concurrent requests, comma-separated")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=int, default=256, help="max tokens per request")
@@ -114,6 +164,9 @@ def main() -> None:
         for streams in (int(s) for s in args.streams.split(",")):
             prompts = {"copy": lambda: copy_prompts(engines["plain"], streams, args.chars),
                        "free": lambda: free_prompts(engines["plain"], streams),
+                       "quote": lambda: quote_prompts(engines["plain"], streams, args.chars),
+                       "extract": lambda: extract_prompts(engines["plain"], streams, args.chars),
+                       "agent": lambda: agent_prompts(engines["plain"], streams, args.chars),
                        "random": lambda: random_prompts(engines["plain"], streams, args.input_len)}[workload]()
             print(f"{workload} streams={streams}: " + measure(engines, prompts, params, args.repeats,
                                                                llama if streams == 1 else None))

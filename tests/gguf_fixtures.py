@@ -95,14 +95,17 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_gguf(model, path: Path, arch: str = "llama", q8_0: tuple[str, ...] = (), vocab: Vocab = TINY_VOCAB,
-               quant: str | None = None) -> Path:
+               quant: str | None = None, pooling: gguf.PoolingType | None = None) -> Path:
     """`q8_0`: GGUF tensor names to store as Q8_0 blocks. `quant`: a ggml type name (Q4_0, Q4_K,
     ...) for every matrix, token table included. The rest: matrices f16, vectors f32. K-quants
-    are written with scales whose products are exact f16s (kquant_encoder's `exact_scales`)."""
+    are written with scales whose products are exact f16s (kquant_encoder's `exact_scales`).
+    `pooling`: the model is an embedder (LAST) or reranker (RANK), as `{arch}.pooling_type` says."""
     cfg = model.config
     gguf_arch = _GGUF_ARCH.get(arch, arch)
     w = gguf.GGUFWriter(str(path), gguf_arch)
     _common_metadata(w, cfg)
+    if pooling is not None:
+        w.add_pooling_type(pooling)
     _family_metadata(w, cfg, arch)
     _tokenizer(w, vocab)
     names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == gguf_arch),

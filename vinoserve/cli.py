@@ -11,10 +11,13 @@ from vinoserve.model.default_model import DEFAULT_MODEL
 from vinoserve.model.weights import WEIGHT_FORMATS
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None,
+def _model_args(p: argparse.ArgumentParser, several: bool = False) -> None:
+    extra = (" Repeat it as --model NAME=PATH to serve several under those names: one chat model beside "
+             "any number of embedders and rerankers (sentence-transformers or Hugging Face BERT-family "
+             "directories)" if several else "")
+    p.add_argument("--model", default=None, action="append" if several else "store",
                    help=f"a .gguf file, an OpenVINO IR directory (optimum-cli export), or a built-in "
-                        f"name (default: {DEFAULT_MODEL.name})")
+                        f"name (default: {DEFAULT_MODEL.name}).{extra}")
     p.add_argument("--weight-format", choices=WEIGHT_FORMATS, default="auto",
                    help="how weights converted from GGUF are stored in the graph: auto keeps each quantized "
                         "tensor's own blocks as low-bit constants (floats as f16); int4 requantizes every "
@@ -24,7 +27,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="CPU")
     p.add_argument("--inference-precision", choices=("f32", "bf16", "f16"), default=None,
-                   help="default: the device's fastest (f16 is refused on CPU: docs/performance.md)")
+                   help="default: the device's fastest (f16 is refused on CPU: docs/performance-lab-notes.md)")
     p.add_argument("--kv-cache-precision", choices=("f32", "f16", "bf16", "u8", "u4"), default=None,
                    help="default: u8 with the decode model, else bf16 where compute runs in bf16 on CPU, "
                         "else the device's choice")
@@ -106,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     from vinoserve.server.cli import add_serve_arguments
 
     srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
-    _model_args(srv)
+    _model_args(srv, several=True)
     _compile_args(srv)
     _generation_args(srv)
     add_serve_arguments(srv)
@@ -132,7 +135,9 @@ def _defaults_from_environment(p: argparse.ArgumentParser) -> None:
             continue
         value = os.environ.get(f"VINOSERVE_{action.dest.upper()}")
         if value is not None:
-            if isinstance(action, (argparse._StoreTrueAction, argparse.BooleanOptionalAction)):
+            if isinstance(action, argparse._AppendAction):
+                action.default = value.split(",")  # VINOSERVE_MODEL=chat=a.gguf,emb=dir
+            elif isinstance(action, (argparse._StoreTrueAction, argparse.BooleanOptionalAction)):
                 action.default = value.lower() in ("1", "true", "yes", "on")
             else:
                 action.default = action.type(value) if action.type else value
@@ -217,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
 
             return bench(args)
         elif args.command == "serve":
+            from vinoserve.server.serving_models import parse_models
+
+            args.models = parse_models(args.model)
+            args.model = args.models.chat[1] if args.models.chat else None
             engine = _engine_config(args)
             if args.replicas < 1:
                 raise ValueError("--replicas must be at least 1")

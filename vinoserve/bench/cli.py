@@ -1,5 +1,5 @@
 """`vinoserve bench serve` (load-test any OpenAI-compatible server), `bench engine`, `bench llamacpp`,
-`bench soak`, `bench longctx`."""
+`bench soak`, `bench longctx`, `bench embed`."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vinoserve.bench import engine_vs_genai, llamacpp, longctx, soak
+from vinoserve.bench import embed, engine_vs_genai, llamacpp, longctx, soak
 from vinoserve.bench.client import Target, run
 from vinoserve.bench.metrics import Goodput, summarize
 from vinoserve.bench.workloads import (multi_turn_workload, prefix_repetition_workload, random_workload,
@@ -26,6 +26,9 @@ def add_bench_parser(sub) -> None:
     engine_vs_genai.add_arguments(engine)
     llama = kinds.add_parser("llamacpp", help="single-stream decode and prompt tok/s: llama.cpp vs vinoserve, same GGUF")
     llamacpp.add_arguments(llama)
+    embedder = kinds.add_parser("embed", help="embedding throughput and query latency: vinoserve vs "
+                                              "sentence-transformers and llama.cpp, same model")
+    embed.add_arguments(embedder)
     soaker = kinds.add_parser("soak", help="mixed requests with random disconnects; fails on 5xx, leaks, tracebacks")
     soak.add_arguments(soaker)
     longctx.add_arguments(kinds.add_parser("longctx", help="long-context retrieval under cache eviction: vinoserve's "
@@ -173,6 +176,8 @@ def main(args: argparse.Namespace) -> int:
         llamacpp.main(args)
     elif args.bench_command == "longctx":
         longctx.main(args)
+    elif args.bench_command == "embed":
+        embed.main(args)
     else:
         bench_serve(args)
     return 0

@@ -115,18 +115,21 @@ class Vinoserve:
 
     def __init__(self, model: str, weight_format: str = "auto", max_num_batched_tokens: int = 512,
                  kv_cache_precision: str | None = None, threads: int | None = None,
-                 inference_precision: str | None = None, decode_model: str = "auto") -> None:
+                 inference_precision: str | None = None, decode_model: str = "auto",
+                 dynamic_quantization_group_size: int | None = None) -> None:
         from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
         from vinoserve.model.paged import CompileOptions
         from vinoserve.scheduler.scheduler import SchedulerConfig
 
-        self.name = f"vinoserve {weight_format}" + ("" if decode_model == "auto" else f" dm-{decode_model}")
+        self.name = (f"vinoserve {weight_format}" + ("" if decode_model == "auto" else f" dm-{decode_model}")
+                     + ("" if dynamic_quantization_group_size is None else f" dq-{dynamic_quantization_group_size}"))
         # One stream needs little KV cache; the default (a quarter of free memory) would crowd an 8B pair.
         cfg = EngineConfig(model=model, weight_format=weight_format, enable_prefix_caching=False, kv_cache_size_gb=1.0,
                            speculative=None,  # single-stream decode as such (speculation: bench speculative)
                            compile=CompileOptions(kv_cache_precision=kv_cache_precision, num_threads=threads,
                                                   inference_precision=inference_precision,
-                                                  decode_model={"auto": None, "on": True, "off": False}[decode_model]),
+                                                  decode_model={"auto": None, "on": True, "off": False}[decode_model],
+                                                  dynamic_quantization_group_size=dynamic_quantization_group_size),
                            scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens))
         self.engine = LLMEngine(cfg, log=lambda m: None)
         self._count = 0
@@ -265,6 +268,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--inference-precision", default=None, help="vinoserve's compute precision (default: the CPU's)")
     ap.add_argument("--decode-models", default="auto",
                     help="vinoserve's --decode-model settings to compare, per weight format (comma-separated: auto, on, off)")
+    ap.add_argument("--dynamic-quantization-group-sizes", default="default",
+                    help="vinoserve's --dynamic-quantization-group-size settings to compare, per weight format and "
+                         "decode model (comma-separated: default, 0 for off, 32, ...)")
 
 
 def main(args: argparse.Namespace) -> None:
@@ -275,9 +281,10 @@ def main(args: argparse.Namespace) -> None:
         return factory(*rest) if args.same_process else OwnProcess(factory, *rest)
 
     engines: list = [start(LlamaCpp, model, args.threads, max(4096, args.input_len + args.output_len + 8))]
+    groups = [None if g == "default" else int(g) for g in args.dynamic_quantization_group_sizes.split(",")]
     engines += [start(Vinoserve, model, fmt, args.max_num_batched_tokens, args.kv_cache_precision, args.threads,
-                      args.inference_precision, dm)
-                for fmt in args.weight_formats.split(",") if fmt for dm in args.decode_models.split(",")]
+                      args.inference_precision, dm, dq)
+                for fmt in args.weight_formats.split(",") if fmt for dm in args.decode_models.split(",") for dq in groups]
     print(f"{args.model}: 1 stream, {args.input_len} prompt tokens, {args.output_len} out, {args.rounds} paired "
           f"rounds, {os.cpu_count()} CPUs, {'one process' if args.same_process else 'a process per engine'}; "
           f"llama.cpp {gguf_path(model).name} as is")

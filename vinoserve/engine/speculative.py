@@ -131,15 +131,17 @@ class StepCost:
 
 @dataclass
 class _Acceptance:
-    """Decayed counts of accepted and tried proposals of one sequence: accepting each next
-    proposal is taken as a coin with this sequence's own odds."""
+    """Decayed counts of accepted and tried proposals: accepting each next proposal is taken as a
+    coin with these odds. A sequence's own counts start from the engine's (`prior`), so a new
+    request that copies its context is trusted as far as earlier ones earned, not from even odds:
+    at even odds a verifying step rarely beats the overlapped plain one, and the sequence would
+    never get the proposals that could show its own rate."""
 
     accepted: float = 0.0
     tried: float = 0.0
 
-    @property
-    def rate(self) -> float:
-        return min((self.accepted + 1) / (self.tried + 2), 0.95)  # a prior of one of each
+    def rate(self, prior: float = 0.5) -> float:
+        return min((self.accepted + 2 * prior) / (self.tried + 2), 0.95)  # two tries' worth of prior
 
     def update(self, num_drafts: int, num_accepted: int, decay: float = 0.8) -> None:
         self.accepted = decay * self.accepted + num_accepted
@@ -172,6 +174,7 @@ class Speculator:
         self._per_proposal = 0.0  # proposer seconds per proposed token, decayed average
         self._explored = 0
         self._acceptance: weakref.WeakKeyDictionary[Sequence, _Acceptance] = weakref.WeakKeyDictionary()
+        self._engine_acceptance = _Acceptance()  # every sequence's outcomes: the prior of a new one
 
     def plan_ahead(self, seqs: list[Sequence], room: list[int]) -> bool:
         """Whether the step after the one computing may be planned now, before its tokens are
@@ -240,7 +243,7 @@ class Speculator:
         return ks if expected / seconds > plain else [0] * len(limits)
 
     def _rate(self, seq: Sequence) -> float:
-        return self._acceptance.setdefault(seq, _Acceptance()).rate
+        return self._acceptance.setdefault(seq, _Acceptance()).rate(self._engine_acceptance.rate())
 
     def record(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
         """The outcome of verifying num_drafts proposals of seq."""
@@ -251,3 +254,4 @@ class Speculator:
         for i in range(num_accepted):
             s.accepted_per_position[i] += 1
         self._acceptance.setdefault(seq, _Acceptance()).update(num_drafts, num_accepted)
+        self._engine_acceptance.update(num_drafts, num_accepted, decay=0.95)

@@ -69,7 +69,7 @@ DEFAULTS: dict[CpuClass, ClassDefaults] = {
     # the bf16 one (the plugin gives bf16 compute no int8 activations where AMX is present:
     # openvino PR #35726 gates them to bf16 CPUs without AMX); one stream 1.23x, 8B 1.48x
     # llama.cpp against 1.19x. bf16 KV without it: decode infer() 7-24% less CPU time than u8 at
-    # the same perplexity (Zen 4, docs/performance.md; the same kernels here).
+    # the same perplexity (Zen 4, docs/performance-lab-notes.md; the same kernels here).
     CpuClass.AMX: ClassDefaults(decode_model=True, kv_cache_precision="bf16", dynamic_quantization_group_size=None),
     # Zen 4, 2 cores, 1.5B Q4_0 (issue 36; cpu-decode.md): the bf16 compilation already multiplies
     # with int8 activations (decode 23.0 tok/s, prompt 179) and the decode model is slower (15.9 /

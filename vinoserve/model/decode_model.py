@@ -6,7 +6,7 @@ bf16: right for a prompt chunk, wasted at one token, where the step streams the 
 f32 compute the plugin instead quantizes the activations to int8 per group of 32 and multiplies
 the packed low-bit weights with VNNI integer dot products, as llama.cpp does (nodes/fullyconnected.cpp,
 `useDynamicQuantizationImpl`; it needs f32 activations). Measured on a 2-core Sapphire Rapids, 1.5B
-Q4_0 `auto`, decode `infer()`: 73 ms against 95 at one sequence; level at four (docs/performance.md).
+Q4_0 `auto`, decode `infer()`: 73 ms against 95 at one sequence (docs/performance-lab-notes.md).
 
 So the same graph is compiled twice and the runner sends each step to one of them by its token
 count. Both write one KV cache, which fixes its precision: an f32 kernel reads f32 or u8 blocks, a
@@ -29,9 +29,11 @@ from vinoserve.model.errors import ModelLoadError
 if TYPE_CHECKING:  # paged.py imports this module
     from vinoserve.model.paged import CompileOptions
 
-# Steps of at most this many tokens go to the decode model (one to three sequences decoding); at
-# four the bf16 kernels were level or ahead.
-MAX_TOKENS = 3
+# Steps of at most this many tokens go to the decode model: a few sequences decoding, or one
+# verifying its proposals (1 + k tokens). On a Sapphire Rapids the bf16 kernels were level at four;
+# on an Emerald Rapids (2026-11-26, docs/performance-lab-notes.md) the decode model was ahead up
+# to 24 tokens (1.5B Q4_0: 121 against 195 ms at 5, 186 against 226 at 16), behind at 32 (135M).
+MAX_TOKENS = 16
 KV_PRECISION = "u8"
 # `auto` takes the decode model when the weights are at most this share of the memory: on 24 GiB,
 # up to 8B-sized 4-bit models (3.9 GB; decode 1.48x llama.cpp with it, 1.19x without), on 16 GiB up

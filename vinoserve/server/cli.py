@@ -25,7 +25,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=SchedulerConfig.max_num_batched_tokens,
                    help="tokens in one step at most: the prefill chunk beside running decodes; larger barely "
                         "changes throughput or TTFT on CPU and stalls every running stream longer "
-                        "(docs/performance.md)")
+                        "(docs/performance-lab-notes.md)")
     p.add_argument("--max-queue", type=int, default=1024,
                    help="over capacity: answer 503 with Retry-After when this many requests already wait")
     d = Limits()
@@ -46,6 +46,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reasoning-parser", default="auto", choices=reasoning.CHOICES,
                    help="split a reasoning model's <think>...</think> off into reasoning_content: auto (default) "
                         "detects the family from the chat template, none turns it off")
+    p.add_argument("--encoder-threads", type=int, default=None,
+                   help="inference threads of each embedder and reranker (default: all cores; fewer leaves "
+                        "cores to the chat model's decoding while embeddings run)")
+    p.add_argument("--encoder-share", type=float, default=ServerConfig.encoder_share,
+                   help="while the chat model decodes, the share of the time each embedder or reranker may "
+                        "compute (in slices of ~20 ms), so embedding traffic never stalls decoding for long; "
+                        "1 lets them run flat out beside it (default: 0.25)")
     p.add_argument("--max-stored-responses", type=int, default=ServerConfig.max_stored_responses,
                    help="responses /v1/responses keeps in memory for previous_response_id and GET (least recently "
                         "used dropped first; 0 keeps none)")
@@ -66,11 +73,12 @@ def serve(args: argparse.Namespace, engine: EngineConfig) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     limits = Limits(args.max_request_bytes, args.max_prompt_tokens, args.max_stop_strings, args.max_n,
                     args.max_logprobs)
-    config = ServerConfig(engine, args.served_model_name, args.api_key, args.max_queue, limits,
+    config = ServerConfig(engine, api_key=args.api_key, max_queue=args.max_queue, limits=limits,
                           generation_config=args.generation_config,
                           override_generation_config=args.override_generation_config,
                           chat_template=_read_template(args.chat_template), tool_call_parser=args.tool_call_parser,
-                          reasoning_parser=args.reasoning_parser, max_stored_responses=args.max_stored_responses)
+                          reasoning_parser=args.reasoning_parser, max_stored_responses=args.max_stored_responses,
+                          **_models(args))
     # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal under the handler
     # that was there before it; a no-op one makes a graceful stop exit 0, as orchestrators expect.
     signal.signal(signal.SIGTERM, lambda *_: None)
@@ -86,6 +94,14 @@ def serve(args: argparse.Namespace, engine: EngineConfig) -> int:
                                            timeout_graceful_shutdown=args.shutdown_timeout))
     server.run()
     return 1 if died else 0
+
+
+def _models(args: argparse.Namespace) -> dict:
+    """ServerConfig's fields for the models --model named (cli.main sorted them into args.models)."""
+    models = args.models
+    name = args.served_model_name or (models.chat[0] if models.chat else None)
+    return {"served_model_name": name, "chat_model": models.chat is not None, "encoders": models.encoders,
+            "encoder_threads": args.encoder_threads, "encoder_share": args.encoder_share}
 
 
 def _read_template(path: str | None) -> str | None:

@@ -11,6 +11,7 @@ from fastapi.openapi.utils import get_openapi
 
 from vinoserve.server.anthropic.errors import PATH_PREFIX as ANTHROPIC_PATHS, AnthropicErrorResponse
 from vinoserve.server.protocol import ErrorResponse
+from vinoserve.server.routes.rerank import COHERE_PATH, CohereErrorResponse
 
 _WHY = {400: "Invalid request (an error body naming the parameter)",
         401: "Missing or wrong API key (only when the server has --api-key)",
@@ -38,6 +39,8 @@ ROUTES: dict[str, tuple[dict, tuple[int, ...]]] = {
     "/v1/messages/count_tokens": (_JSON, (*_BODY, *_V1)),
     "/tokenize": (_JSON, (*_BODY, *_V1)),
     "/detokenize": (_JSON, (*_BODY, *_V1)),
+    **{path: (_JSON, (*_BODY, *_V1, 500)) for path in ("/v1/embeddings", "/v1/rerank", "/rerank", "/v2/rerank",
+                                                       "/v1/score", "/score")},
 }
 
 
@@ -63,9 +66,9 @@ def install(app: FastAPI, vocab_size: Callable[[], int | None] = lambda: None,
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
         for name in ("HTTPValidationError", "ValidationError"):
             schemas.pop(name, None)
-        for model in (ErrorResponse, AnthropicErrorResponse):
+        for model in (ErrorResponse, AnthropicErrorResponse, CohereErrorResponse):
             schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-            schemas.update(schema.pop("$defs"))
+            schemas.update(schema.pop("$defs", {}))
             schemas[model.__name__] = schema
         for path, ops in doc["paths"].items():
             if path not in ROUTES:  # a route this table does not know: only drop the false 422
@@ -73,7 +76,8 @@ def install(app: FastAPI, vocab_size: Callable[[], int | None] = lambda: None,
                     op.get("responses", {}).pop("422", None)
                 continue
             content, statuses = ROUTES[path]
-            shape = AnthropicErrorResponse if path.startswith(ANTHROPIC_PATHS) else ErrorResponse
+            shape = (AnthropicErrorResponse if path.startswith(ANTHROPIC_PATHS)
+                     else CohereErrorResponse if path == COHERE_PATH else ErrorResponse)
             error = {"application/json": {"schema": {"$ref": f"#/components/schemas/{shape.__name__}"}}}
             for op in ops.values():
                 ok = {"description": "Success"}

@@ -22,6 +22,7 @@ from vinoserve.server.events import Step, Usage
 from vinoserve.server.limits import Limits, over_capacity
 from vinoserve.server.metrics import Metrics
 from vinoserve.server.protocol import new_id
+from vinoserve.server.registry import ModelRegistry
 from vinoserve.server.reasoning import ReasoningFormat, select_reasoning
 from vinoserve.server.tools import ToolFormat, select_tool_format
 
@@ -56,6 +57,7 @@ class Serving:
                  generation_defaults: GenerationDefaults, limits: Limits, chat: ChatSetup) -> None:
         self.engine, self.model_name, self.metrics, self.max_queue = engine, model_name, metrics, max_queue
         self.generation_defaults, self.limits, self.chat = generation_defaults, limits, chat
+        self.registry: ModelRegistry | None = None  # the other models served beside this one
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -63,6 +65,8 @@ class Serving:
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
+            if self.registry is not None and model in self.registry.encoders:
+                self.registry.pick(model, "chat", "this endpoint")  # the 400 naming what it serves
             raise APIError(404, f"The model `{model}` does not exist.", "model", "model_not_found")
 
     def sampling_params(self, req, max_tokens: int | None, prompt_len: int, logprobs: int | None,
