@@ -74,6 +74,8 @@ def tiny(tmp_path_factory):
 def test_rows_that_evict_during_prefill_are_cached_apart():
     assert longctx.setting_name(TOKENS) == longctx.setting_name(replace(TOKENS, during_prefill=False))
     assert longctx.setting_name(replace(TOKENS, during_prefill=True)) != longctx.setting_name(TOKENS)
+    rows = longctx.build_rows(["ours", "genai", "ours-prefill"], [256, 512], "")
+    assert len({r.cache_name for r in rows}) == len(rows)  # every row and budget has its own replies
 
 
 def test_forked_prefill_generates_what_the_engine_generates(tiny):

@@ -59,7 +59,9 @@ class Row:
     def cache_name(self) -> str:
         if self.setting is None or self.setting == "full":
             return f"{self.engine}-full"
-        return f"{self.engine}-{self.setting if isinstance(self.setting, str) else setting_name(self.setting)}"
+        if isinstance(self.setting, str):  # genai's spec names no budget
+            return f"genai-{self.setting},budget={self.budget}"
+        return f"vinoserve-{setting_name(self.setting)}"
 
 
 def setting_name(cfg: CacheEvictionConfig) -> str:
