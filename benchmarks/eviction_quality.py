@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import time
+from dataclasses import replace
 
+from vinoserve.bench.longctx import OURS
 from vinoserve.bench.perplexity import perplexity as run
 from vinoserve.bench.perplexity import text_windows
 from vinoserve.cache.eviction import CacheEvictionConfig
@@ -34,6 +36,9 @@ def main() -> None:
     ap.add_argument("--start", type=int, default=32)
     ap.add_argument("--recent", type=int, default=128)
     ap.add_argument("--precisions", default="f32,fast")
+    ap.add_argument("--policies", default="ours,blocks,streaming",
+                    help="ours (the long-context benchmark's choice), blocks, streaming")
+    ap.add_argument("--aggregations", default="norm_sum")
     args = ap.parse_args()
 
     windows, available = text_windows(args.windows, args.window_len)
@@ -41,18 +46,22 @@ def main() -> None:
     print(f"SmolLM2-135M-Instruct, {args.windows} windows x {args.window_len} tokens of English text "
           f"({available} available), prefill {prefill}, {args.forced} teacher-forced decode steps, "
           f"start {args.start} recent {args.recent}\n")
-    print("| precision | budget | aggregation | rotation | perplexity | ratio to full | peak blocks/layer in decode |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| precision | budget | policy | aggregation | rotation | perplexity | ratio to full | peak blocks/layer in decode |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in args.precisions.split(","):
         options = PRECISIONS[name]
         start = time.perf_counter()
         full = run(windows, prefill, options, None)
-        print(f"| {name} | full | - | - | {full.perplexity:.3f} | 1.000 | {full.peak_blocks} |", flush=True)
-        for budget, agg, rot in itertools.product(map(int, args.budgets.split(",")), ("norm_sum", "sum"),
-                                                  (True, False)):
-            cfg = CacheEvictionConfig(args.start, args.recent, budget, aggregation=agg, rotation=rot)
+        print(f"| {name} | full | - | - | - | {full.perplexity:.3f} | 1.000 | {full.peak_blocks} |", flush=True)
+        for budget, policy, agg, rot in itertools.product(map(int, args.budgets.split(",")), args.policies.split(","),
+                                                          args.aggregations.split(","), (True, False)):
+            base = OURS if policy == "ours" else CacheEvictionConfig(policy=policy)
+            if policy == "streaming" and agg != args.aggregations.split(",")[0]:
+                continue  # streaming uses no scores
+            cfg = replace(base, start_size=args.start, recent_size=args.recent, max_cache_size=budget,
+                          aggregation=agg, rotation=rot)
             r = run(windows, prefill, options, cfg)
-            print(f"| {name} | {budget} | {agg} | {'on' if rot else 'off'} | {r.perplexity:.3f} | "
+            print(f"| {name} | {budget} | {policy} | {agg} | {'on' if rot else 'off'} | {r.perplexity:.3f} | "
                   f"{r.perplexity / full.perplexity:.3f} | {r.peak_blocks} |", flush=True)
         print(f"<!-- {name}: {time.perf_counter() - start:.0f} s -->")
 

@@ -83,10 +83,12 @@ def test_greedy_equals_hf_over_staggered_prompts_longer_than_the_window(families
 @pytest.mark.parametrize("name", WINDOWED)
 def test_preemption_and_speculation_keep_tokens_with_windows(families, name):
     _, path, prompts, reference = families(name)
-    # 6 blocks cannot hold the six sequences at once: the newest are preempted and recomputed.
+    # 6 blocks' memory cannot hold the six sequences at once: the newest are preempted and
+    # recomputed. Gemma 3's layer groups are one layer each (1 global, 5 sliding), so its blocks
+    # hold one layer, phi3's all six.
     spec = SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_max=3, prompt_lookup_min=1,
                              disable_by_batch_size=1024)
-    engine = _engine(path, num_blocks=6, speculative=spec)
+    engine = _engine(path, num_blocks=36 if name == "gemma3" else 6, speculative=spec)
     assert _run(engine, prompts) == reference
     # Random weights rarely repeat themselves, so proposals are mostly rejected: verified either way.
     assert engine.scheduler.num_preemptions > 0 and engine.speculator.stats.num_draft_tokens > 0
@@ -104,8 +106,7 @@ def test_n_choices_share_the_prompt_and_each_equals_hf(families, name):
 
 def test_blocks_behind_every_layers_window_are_freed_as_a_sequence_moves_on(families):
     """Phi-3's window is on every layer: a 320-token sequence runs in 6 blocks (it spans 10),
-    holding only those its next step's queries can see, and still equals HF token for token.
-    Gemma 3's global layers see everything: it keeps every block."""
+    holding only those its next step's queries can see, and still equals HF token for token."""
     hf, path, _, _ = families("phi3")
     prompt = np.random.default_rng(5).integers(0, hf.config.vocab_size, 300).tolist()
     engine = _engine(path, num_blocks=7)  # 6 usable, and the null block released entries name
@@ -118,7 +119,31 @@ def test_blocks_behind_every_layers_window_are_freed_as_a_sequence_moves_on(fami
         held += [sum(b != engine.blocks.null_block for b in s.block_tables[0]) for s in engine.scheduler.running]
     assert out == hf_greedy(hf, prompt, MAX_TOKENS)
     assert max(held) <= 4 and engine.blocks.num_free_blocks == engine.blocks.num_blocks
-    assert _engine(families("gemma3")[1]).blocks.null_block is None
+
+
+def test_gemma3s_sliding_layers_hold_their_window_while_its_global_layer_keeps_every_block(families):
+    """Gemma 3 (here 5 sliding layers with a 24-token window, then a global one) gets a block
+    table per layer group from one pool: a 320-token sequence spans 10 blocks, which the global
+    group keeps while each sliding group holds at most the 4 its next step can see: 30 one-layer
+    blocks where every layer keeping every block takes 60. Greedy tokens equal HF's."""
+    hf, path, _, _ = families("gemma3")
+    prompt = np.random.default_rng(5).integers(0, hf.config.vocab_size, 300).tolist()
+    engine = _engine(path, num_blocks=31)  # 30, and the null block released entries name
+    assert engine.groups.windows == (0, 24, 24, 24, 24, 24) and engine.groups.num_slots == 1
+    assert engine.blocks.most_held(320, 48) == 10 + 5 * 4
+    engine.add_request("long", prompt, GREEDY)
+    out, held = [], []
+    while engine.has_unfinished_requests:
+        for o in engine.step():
+            out += o.new_token_ids
+        for s in engine.scheduler.running:
+            full, *sliding = [sum(b != engine.blocks.null_block for b in t) for t in s.block_tables]
+            assert full == len(s.block_tables[0]), "a global layer's block was released"
+            held.append(max(sliding))
+    assert out == hf_greedy(hf, prompt, MAX_TOKENS)
+    assert max(held) <= 4 and engine.blocks.num_free_blocks == engine.blocks.num_blocks
+    whole = _engine(path, num_blocks=61, window_sized_caches=False)
+    assert whole.groups.num_groups == 1 and whole.blocks.most_held(320, 48) == 10  # of six-layer blocks
 
 
 @pytest.mark.parametrize("name", WINDOWED)

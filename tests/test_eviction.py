@@ -139,8 +139,8 @@ def test_policy_keeps_start_and_recent_and_drops_the_least_attended():
     state.add(list(scores))
     assert state.plan(num_cached=159) is None  # fits: under max_cache_size + one block
     plan = state.plan(num_cached=160)  # one block too many
-    assert [p.tolist() for p in plan] == [[2], [3]]
-    state.remove(plan)
+    assert [p.tolist() for p in plan.dropped_blocks(B)] == [[2], [3]]
+    state.retain(plan)
     assert state.scores.shape == (2, 128)
     assert state.scores[0, 64:96].min() == 1.0 and state.scores[1, 64:96].max() == 1.0
 
@@ -152,8 +152,8 @@ def test_norm_sum_does_not_favour_old_tokens():
         # Blocks 0-1: old tokens scored 100 times at 0.5; block 2: new tokens scored 10 times at 0.9.
         state.scores = np.concatenate([np.full(64, 50.0), np.full(32, 9.0), np.zeros(32)])[None]
         state.times_scored = np.concatenate([np.full(64, 100.0), np.full(32, 10.0), np.ones(32)])[None]
-    assert by_norm.plan(num_cached=128)[0].tolist() == [0, 1]
-    assert 2 in by_sum.plan(num_cached=128)[0].tolist()
+    assert by_norm.plan(num_cached=128).dropped_blocks(B)[0].tolist() == [0, 1]
+    assert 2 in by_sum.plan(num_cached=128).dropped_blocks(B)[0].tolist()
 
 
 @pytest.mark.parametrize("kv", ["f16", "u8", "u4"])
@@ -187,3 +187,38 @@ def test_fast_defaults_with_u8_cache_evict_and_rotate_to_completion(smollm2_gguf
     assert all(len(r.token_ids) == 300 for r in out)
     assert llm.engine.evictor.num_evicted_blocks > 0 and llm.engine.evictor.num_rotated_blocks > 0
     assert all(a.num_free == a.num_blocks for a in llm.engine.blocks.allocators)
+
+
+@pytest.mark.parametrize("kv, tol", [("f32", 1e-4), ("f16", 6e-3), ("u8", 0.15)])
+def test_token_eviction_compacts_and_rotates_to_a_fresh_run_on_the_survivors(one_layer, kv, tol):
+    """Token-granular eviction keeps scattered tokens, packs them into the first blocks and
+    re-rotates each by its own shift: the next logits equal a fresh run on the survivors alone."""
+    hf, path = one_layer
+    cfg = CacheEvictionConfig(32, 32, 96, snapkv_window=8, policy="tokens", protect_window=True)
+    engine = _engine(path, kv=kv, eviction=cfg)
+    kept = []
+    compact = engine.evictor.compactor.compact
+    engine.evictor.compactor.compact = lambda layer, table, keep, rotation: (kept.append(keep.copy()),
+                                                                             compact(layer, table, keep, rotation))[1]
+    prompt = np.random.default_rng(4).integers(0, hf.config.vocab_size, 150).tolist()
+    outs = _run(engine, prompt, SamplingParams(max_tokens=2, temperature=0, logprobs=20, ignore_eos=True))
+    assert len(kept) == 1 and len(kept[0]) == 96 and engine.evictor.num_moved_tokens > 0
+    keep = kept[0]
+    assert keep[:32].tolist() == list(range(32)) and keep[-32:].tolist() == list(range(118, 150))
+    blocks_touched = np.unique(keep[32:-32] // B)
+    assert len(blocks_touched) * B > 32  # the kept middle tokens are scattered, not whole blocks
+    survivors = [prompt[i] for i in keep] + [outs[0].new_token_ids[0]]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([survivors])).logits[0, -1].double(), -1).numpy()
+    _, top = outs[1].new_logprobs[0]
+    for token, lp in top:
+        assert abs(lp - ref[token]) < tol, (token, lp, ref[token])
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+
+
+def test_the_cli_runs_the_policy_the_benchmark_chose():
+    from vinoserve.bench.longctx import OURS
+
+    assert CacheEvictionConfig.parse("32,128,672") == replace(OURS, max_cache_size=672)
+    blocks = CacheEvictionConfig.parse("32,128,672", "blocks", rotation=False)
+    assert blocks == CacheEvictionConfig(32, 128, 672, rotation=False)  # genai's policy, as before

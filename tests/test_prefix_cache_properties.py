@@ -113,20 +113,21 @@ def test_hit_needs_matching_tokens_and_leaves_the_last_token():
     for i, b in enumerate(table):
         cache.register(b, i, hashes, get)
     # 12 tokens: blocks 0 and 1 at most, so token 11 is computed and has logits.
-    assert cache.match([], get, 12) == table[:2]
-    assert cache.match([], get, 13) == table
+    hits = [(b,) for b in table]  # one group: a block each
+    assert cache.match([], get, 12) == hits[:2]
+    assert cache.match([], get, 13) == hits
     other = tokens[:5] + [99] + tokens[6:]
-    assert cache.match([], lambda a, b: other[a:b], 12) == table[:1]
+    assert cache.match([], lambda a, b: other[a:b], 12) == hits[:1]
     # A different salt (another model or cache precision) never hits.
     assert PrefixCache(BlockAllocator(8), BLOCK, b"other").match([], get, 12) == []
     # Freed cached blocks stay hit-able until memory is needed, oldest first.
     for b in reversed(table):
         alloc.free(b)
-    assert alloc.num_free == 8 and cache.match([], get, 13) == table
+    assert alloc.num_free == 8 and cache.match([], get, 13) == hits
     fresh = [alloc.allocate() for _ in range(5)]
     assert not set(fresh) & set(table)
     alloc.allocate()  # the least recently freed cached block: the last one, freed first
-    assert cache.match([], get, 13) == table[:2]
+    assert cache.match([], get, 13) == hits[:2]
 
 
 def test_a_prefix_shared_by_simultaneous_arrivals_is_computed_once():

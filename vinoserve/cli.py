@@ -48,9 +48,15 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-eviction", default=None, metavar="START,RECENT,MAX",
                    help="evict KV blocks by attention score: keep the first START and last RECENT tokens, "
                         "cap each sequence's cache at MAX tokens (multiples of the block size, e.g. 32,128,672)")
+    p.add_argument("--eviction-policy", choices=("tokens", "blocks", "streaming"), default="tokens",
+                   help="tokens: the best-scoring tokens of each layer, compacted (default); blocks: whole "
+                        "blocks by score (openvino-genai's); streaming: start + recent only")
     p.add_argument("--eviction-aggregation", choices=("norm_sum", "sum"), default="norm_sum")
     p.add_argument("--no-rotation", action="store_true",
                    help="do not re-rotate the keys of blocks that move after an eviction")
+    p.add_argument("--evict-during-prefill", action="store_true",
+                   help="evict after every prompt chunk too, so no sequence holds more than MAX tokens plus "
+                        "one chunk, whatever its prompt's length (default: once the prompt is in)")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="reuse the KV of prompt prefixes already computed (default: on, off with --cache-eviction)")
     p.add_argument("--overlap-steps", action=argparse.BooleanOptionalAction, default=True,
@@ -147,8 +153,10 @@ def _engine_config(args: argparse.Namespace):
 
     eviction = None
     if args.cache_eviction:
-        eviction = CacheEvictionConfig.parse(args.cache_eviction, aggregation=args.eviction_aggregation,
-                                             rotation=not args.no_rotation)
+        eviction = CacheEvictionConfig.parse(args.cache_eviction, args.eviction_policy,
+                                             aggregation=args.eviction_aggregation,
+                                             rotation=not args.no_rotation,
+                                             during_prefill=args.evict_during_prefill)
     scheduler = SchedulerConfig()
     if args.command == "serve":
         scheduler = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)

@@ -1,5 +1,5 @@
 """`vinoserve bench serve` (load-test any OpenAI-compatible server), `bench engine`, `bench llamacpp`,
-`bench embed`."""
+`bench soak`, `bench longctx`, `bench embed`."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vinoserve.bench import embed, engine_vs_genai, llamacpp, soak
+from vinoserve.bench import embed, engine_vs_genai, llamacpp, longctx, soak
 from vinoserve.bench.client import Target, run
 from vinoserve.bench.metrics import Goodput, summarize
 from vinoserve.bench.workloads import (multi_turn_workload, prefix_repetition_workload, random_workload,
@@ -31,6 +31,8 @@ def add_bench_parser(sub) -> None:
     embed.add_arguments(embedder)
     soaker = kinds.add_parser("soak", help="mixed requests with random disconnects; fails on 5xx, leaks, tracebacks")
     soak.add_arguments(soaker)
+    longctx.add_arguments(kinds.add_parser("longctx", help="long-context retrieval under cache eviction: vinoserve's "
+                                                          "policies vs full cache, start + recent and openvino-genai"))
 
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -172,6 +174,8 @@ def main(args: argparse.Namespace) -> int:
         engine_vs_genai.main(args)
     elif args.bench_command == "llamacpp":
         llamacpp.main(args)
+    elif args.bench_command == "longctx":
+        longctx.main(args)
     elif args.bench_command == "embed":
         embed.main(args)
     else:

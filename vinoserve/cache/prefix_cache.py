@@ -5,6 +5,8 @@ any step that reads a hit runs after its KV is written. A
 hit checks the block's own tokens and its parent's hash, so a hash collision costs a miss, never
 a wrong answer. Cached blocks of finished sequences stay in the allocator's least-recently-freed
 queue and are overwritten only when no plain free block is left; the allocator tells us then.
+Where layer groups have tables of their own (block_manager.py), a prefix block is one physical
+block per group, each cached (and overwritten) on its own.
 The first block's parent is a salt over everything that changes the KV besides the tokens
 (model, cache layout and precision), so a cache can never be read under other settings.
 """
@@ -35,14 +37,16 @@ class _Entry:
     parent: bytes
     hash: bytes
     tokens: tuple[int, ...]
+    group: int
 
 
 class PrefixCache:
-    def __init__(self, allocator: BlockAllocator, block_size: int, salt: bytes) -> None:
+    def __init__(self, allocator: BlockAllocator, block_size: int, salt: bytes, num_groups: int = 1) -> None:
         self.allocator = allocator
         self.block_size = block_size
         self.salt = salt
-        self._by_hash: dict[bytes, int] = {}
+        self.num_groups = num_groups
+        self._by_hash: dict[bytes, list[int | None]] = {}  # a block per group, None where not cached
         self._entries: dict[int, _Entry] = {}
         allocator.on_reuse = self._forget
         self.num_queried_tokens = 0
@@ -55,35 +59,46 @@ class PrefixCache:
             hashes.append(chain_hash(hashes[i - 1] if i else self.salt, tokens(i * b, (i + 1) * b)))
         return hashes
 
-    def match(self, hashes: list[bytes], tokens: TokenRange, num_tokens: int) -> list[int]:
-        """Cached blocks of the longest prefix of a sequence of `num_tokens` tokens. The last token
-        is never covered, so it is computed and its logits exist."""
+    def match(self, hashes: list[bytes], tokens: TokenRange, num_tokens: int,
+              required: Sequence[int] = (0,)) -> list[tuple[int | None, ...]]:
+        """Cached blocks (one per group) of the longest prefix of a sequence of `num_tokens`
+        tokens whose blocks are cached in every `required` group. The last token is never
+        covered, so it is computed and its logits exist."""
         b = self.block_size
         self.extend_hashes(hashes, tokens, (num_tokens - 1) // b)
-        hits: list[int] = []
+        hits: list[tuple[int | None, ...]] = []
         for i in range((num_tokens - 1) // b):
-            block = self._by_hash.get(hashes[i])
-            entry = self._entries.get(block) if block is not None else None
-            if entry is None or entry.parent != (hashes[i - 1] if i else self.salt) \
-                    or entry.tokens != tuple(tokens(i * b, (i + 1) * b)):
+            blocks = self._by_hash.get(hashes[i])
+            if blocks is None or any(blocks[g] is None for g in required):
                 break
-            hits.append(block)
+            entry = self._entries[next(x for x in blocks if x is not None)]
+            if entry.parent != (hashes[i - 1] if i else self.salt) or entry.tokens != tuple(tokens(i * b, (i + 1) * b)):
+                break
+            hits.append(tuple(blocks))
         return hits
 
     def record_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
         self.num_queried_tokens += num_tokens
         self.num_hit_tokens += num_hit_tokens
 
-    def register(self, block: int, index: int, hashes: list[bytes], tokens: TokenRange) -> None:
-        """`block` now holds the computed KV of the sequence's block `index` (hashes extended)."""
+    def register(self, blocks: int | Sequence[int | None], index: int, hashes: list[bytes], tokens: TokenRange) -> None:
+        """`blocks` (one per group, None where released) now hold the computed KV of the
+        sequence's block `index` (hashes extended)."""
+        if isinstance(blocks, int):
+            blocks = (blocks,)
         h = hashes[index]
-        if h in self._by_hash or block in self._entries:
-            return  # another block holds this prefix already (computed side by side): keep that one
+        cached = self._by_hash.setdefault(h, [None] * self.num_groups)
         b = self.block_size
-        self._by_hash[h] = block
-        self._entries[block] = _Entry(hashes[index - 1] if index else self.salt, h,
-                                      tuple(tokens(index * b, (index + 1) * b)))
-        self.allocator.cached.add(block)
+        for group, block in enumerate(blocks):
+            # Another block holding this prefix already (computed side by side) stays.
+            if block is None or cached[group] is not None or block in self._entries:
+                continue
+            cached[group] = block
+            self._entries[block] = _Entry(hashes[index - 1] if index else self.salt, h,
+                                          tuple(tokens(index * b, (index + 1) * b)), group)
+            self.allocator.cached.add(block)
+        if all(x is None for x in cached):
+            del self._by_hash[h]
 
     def is_cached(self, h: bytes) -> bool:
         return h in self._by_hash
@@ -102,4 +117,7 @@ class PrefixCache:
 
     def _forget(self, block: int) -> None:
         entry = self._entries.pop(block)
-        del self._by_hash[entry.hash]
+        cached = self._by_hash[entry.hash]
+        cached[entry.group] = None
+        if all(x is None for x in cached):
+            del self._by_hash[entry.hash]

@@ -157,8 +157,7 @@ class AsyncLLMEngine:
         """Tokenize and validate in the caller's thread, so bad input fails before it is queued."""
         params.validate()
         ids = self.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self.engine.check_request(ids, params)
-        self.engine.new_eviction(cache_eviction)
+        self.engine.check_request(ids, params, self.engine.new_eviction(cache_eviction))
         return ids
 
     @property

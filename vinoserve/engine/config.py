@@ -36,6 +36,9 @@ class EngineConfig:
     # Plan and set up step N+1 while step N computes, so that only sampling stays between two
     # steps. Cache eviction and steps that verify proposals run one at a time whatever this says.
     overlap_steps: bool = True
+    # Sliding-window layers' tables hold only the blocks inside their window, in a pool shared
+    # with the global layers' (cache/layer_groups.py). False: every layer keeps every block.
+    window_sized_caches: bool = True
 
     @property
     def prefix_caching(self) -> bool:
@@ -52,8 +55,9 @@ class EngineConfig:
                      and kernel_supports_rotation(c.inference_precision, c.kv_cache_precision))
         return replace(c, score_outputs=ev is not None, cache_rotation=in_kernel)
 
-    def num_blocks(self, layout: CacheLayout, num_layers: int, max_context: int) -> int:
-        """KV blocks to allocate: as asked, else the memory budget's worth."""
+    def num_blocks(self, layout: CacheLayout, num_buffers: int, per_sequence: int) -> int:
+        """KV blocks to allocate (each `num_buffers` layers' worth): as asked, else the memory
+        budget's worth, up to what max_num_seqs sequences of `per_sequence` blocks could use."""
         if self.num_kv_blocks:
             return self.num_kv_blocks
         if self.kv_cache_size_gb is not None:
@@ -61,8 +65,8 @@ class EngineConfig:
         else:
             budget = int(available_memory_bytes() * DEFAULT_KV_MEMORY_FRACTION)
         # More blocks than every sequence at full context could use would be memory for nothing.
-        cap = self.scheduler.max_num_seqs * -(-max_context // layout.block_size)
-        blocks = min(num_blocks_for_bytes(budget, layout, num_layers), cap)
+        cap = self.scheduler.max_num_seqs * per_sequence + 1  # and the null block, where there is one
+        blocks = min(num_blocks_for_bytes(budget, layout, num_buffers), cap)
         if blocks < 1:
             raise ValueError(f"a KV cache of {budget} bytes holds no block")
         return blocks

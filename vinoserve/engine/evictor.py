@@ -1,4 +1,21 @@
-"""Drives cache eviction for the engine: scores in, blocks out, moved keys re-rotated once."""
+"""Drives cache eviction for the engine: scores in, tokens out, moved keys re-rotated once.
+
+What a step loop calls, in order (this interface is kept stable; eviction during chunked prefill
+uses the same calls on every chunk):
+
+- `new_sequence(overrides)` once per request: its eviction state, or None (eviction off for it).
+- `score_window(ev, seq, num_tokens, samples)` when building a chunk: how many of the chunk's
+  last queries must report attention scores (ScheduledChunk.score_window). In the prompt, the
+  queries among its last `snapkv_window` tokens, whichever chunks they fall in; in decode, the
+  step's tokens.
+- `kernel_rotation(evictions)` for the step's inputs (in-kernel rotation of whole moved blocks).
+- after the step: `ev.state.add(scores_per_layer, chunk.score_window)` for each chunk that
+  scored, then `evict_if_full(seq, ev)`; it may be called after any chunk, mid-prompt too: it
+  evicts only once the cache holds max_cache_size + block_size tokens, and afterwards the
+  sequence holds at most max_cache_size + block_size - 1 tokens in every layer.
+- `room(seq, ev)`: tokens a step may add before the next eviction (speculative proposals).
+- `forget(ev)` when the sequence's blocks are freed (finish, abort, preemption).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -6,7 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vinoserve.cache.block_manager import BlockManager
-from vinoserve.cache.eviction import CacheEvictionConfig, EvictionState
+from vinoserve.cache.compaction import Compactor
+from vinoserve.cache.eviction import CacheEvictionConfig, EvictionPlan, EvictionState
 from vinoserve.cache.kv_cache import KVCache
 from vinoserve.cache.rotation import HostRotator, LayerRotation, RotationTable
 from vinoserve.engine.model_runner import KernelRotation
@@ -19,6 +37,7 @@ class SequenceEviction:
     state: EvictionState
     # In-kernel rotations wait for the sequence's next step and are sent exactly once.
     pending: list[list[LayerRotation]] = field(default_factory=list)
+    window_protected: bool = False  # the prompt's scoring window is marked to stay
 
 
 class Evictor:
@@ -31,17 +50,23 @@ class Evictor:
                              f"({model.architecture}); run without --cache-eviction")
         self.config, self.model, self.blocks, self.in_kernel = config, model, blocks, in_kernel
         self.table = self.host = self._cannot_rotate = None
+        inv_freq = None
         try:
             rope = model.rotation_rope()
         except ValueError as e:  # eviction without rotation still works; asking for rotation is refused
             self._cannot_rotate = e
         else:
-            b = blocks.block_size
-            self.table = RotationTable(rope.inverse_frequencies(), b, rows=blocks.blocks_for(model.max_context) + 1)
+            b, inv_freq = blocks.block_size, rope.inverse_frequencies()
+            self.table = RotationTable(inv_freq, b, rows=blocks.blocks_for(model.max_context) + 1)
             self.host = None if in_kernel else HostRotator(cache.keys, b, model.head_size)
-        self._check_rotation(config.rotation)
-        self.num_evicted_blocks = 0
-        self.num_rotated_blocks = 0
+        try:
+            self.compactor = Compactor(cache, blocks.block_size, model.head_size, inv_freq)
+        except ValueError as e:  # a cache layout tokens cannot be moved in: block policies only
+            self.compactor, self._cannot_compact = None, e
+        self._check(config)
+        self.num_evicted_blocks = 0  # block-table entries freed, summed over layers
+        self.num_rotated_blocks = 0  # blocks re-rotated (token policy: blocks' worth of moved keys)
+        self.num_moved_tokens = 0  # tokens moved and re-rotated (token policy), summed over layers
 
     def new_sequence(self, overrides: dict | None) -> SequenceEviction | None:
         """Eviction state for a request, with its overrides of the server's settings (or None)."""
@@ -49,13 +74,15 @@ class Evictor:
         if overrides.pop("enabled", True) is False:
             return None
         cfg = self.config.with_overrides(overrides, self.blocks.block_size)
-        self._check_rotation(cfg.rotation)
+        self._check(cfg)
         layers = self.model.num_layers
         return SequenceEviction(EvictionState(cfg, layers, self.blocks.block_size), [[] for _ in range(layers)])
 
-    def _check_rotation(self, rotation: bool) -> None:
-        if rotation and self._cannot_rotate is not None:
+    def _check(self, cfg: CacheEvictionConfig) -> None:
+        if cfg.rotation and self._cannot_rotate is not None:
             raise self._cannot_rotate
+        if cfg.policy == "tokens" and self.compactor is None:
+            raise ValueError(f"cache_eviction.policy tokens: {self._cannot_compact}")
 
     @staticmethod
     def room(seq: Sequence, ev: SequenceEviction) -> int:
@@ -64,12 +91,21 @@ class Evictor:
         return ev.state.config.max_cache_size + ev.state.block_size - seq.num_cached_tokens - 1
 
     @staticmethod
-    def score_window(ev: SequenceEviction | None, samples: bool, num_tokens: int) -> int:
-        """Queries whose scores count this step: SnapKV's window at the prompt's end, 1 in decode
-        (with speculative proposals, those too: rejected ones' attention to earlier keys counts)."""
-        if ev is None or not samples:
+    def score_window(ev: SequenceEviction | None, seq: Sequence, num_tokens: int, samples: bool) -> int:
+        """Queries of a chunk of `num_tokens` starting at seq.num_computed_tokens whose scores
+        count: in decode the step's tokens (proposals too: rejected ones' attention to earlier
+        keys counts); in the prompt (or a recomputation after preemption) those among the last
+        snapkv_window tokens before the first sample, so a window split over two chunks is scored
+        whole, and with during_prefill every chunk's own last snapkv_window."""
+        if ev is None:
             return 0
-        return min(ev.state.config.snapkv_window, num_tokens)
+        window = ev.state.config.snapkv_window
+        if seq.is_decoding:
+            return min(window, num_tokens) if samples else 0
+        if ev.state.config.during_prefill:
+            return min(window, num_tokens)
+        end = seq.num_computed_tokens + num_tokens
+        return max(0, min(num_tokens, end - (seq.num_known_tokens - window)))
 
     def kernel_rotation(self, evictions: list[SequenceEviction]) -> KernelRotation | None:
         if not self.in_kernel or not any(r for ev in evictions for r in ev.pending):
@@ -86,20 +122,56 @@ class Evictor:
         return KernelRotation(self.table.table, blocks, deltas)
 
     def evict_if_full(self, seq: Sequence, ev: SequenceEviction) -> None:
-        b, n = self.blocks.block_size, seq.num_cached_tokens
-        plan = ev.state.plan(n)
+        n, cfg = seq.num_cached_tokens, ev.state.config
+        if not cfg.during_prefill and seq.num_computed_tokens < len(seq.prompt_token_ids):
+            return  # mid-prompt: the prompt's scoring window is not all in yet
+        if cfg.protect_window and not ev.window_protected and seq.num_computed_tokens >= len(seq.prompt_token_ids):
+            ev.state.protect_last(n, min(cfg.snapkv_window, n))  # right after the prompt: its last tokens
+            ev.window_protected = True
+        distinct = self._distinct(seq, n) if cfg.diversity and n >= cfg.max_cache_size + self.blocks.block_size else None
+        plan = ev.state.plan(n, distinct)
         if plan is None:
             return
+        if plan.whole_blocks:
+            self._drop_blocks(seq, ev, plan)
+        else:
+            self._compact(seq, plan, cfg.rotation)
+        seq.num_evicted_tokens += n - len(plan.keep[0])
+        ev.state.retain(plan)
+
+    def _distinct(self, seq: Sequence, n: int) -> np.ndarray:
+        """[layers, n]: minus each key's cosine to its layer's mean key, averaged over KV heads."""
+        out = []
+        for layer, table in enumerate(seq.block_tables):
+            keys = self.compactor.keys[layer].read(np.asarray(table))  # [R, H, B, S]
+            keys = keys.transpose(0, 2, 1, 3).reshape(-1, keys.shape[1], keys.shape[3])[:n]
+            unit = keys / np.maximum(np.linalg.norm(keys, axis=-1, keepdims=True), 1e-6)
+            mean = unit.mean(axis=0)
+            mean /= np.maximum(np.linalg.norm(mean, axis=-1, keepdims=True), 1e-6)
+            out.append(-(unit * mean).sum(axis=-1).mean(axis=1))
+        return np.stack(out)
+
+    def _compact(self, seq: Sequence, plan: EvictionPlan, rotation: bool) -> None:
+        keep_blocks = self.blocks.blocks_for(len(plan.keep[0]))
+        for layer, keep in enumerate(plan.keep):
+            table = seq.block_tables[layer]
+            moved = self.compactor.compact(layer, table, keep, rotation)
+            self.num_moved_tokens += moved
+            if rotation:  # counted in blocks' worth of re-rotated keys, as the block policies count
+                self.num_rotated_blocks += -(-moved // self.blocks.block_size)
+            self.num_evicted_blocks += len(table) - keep_blocks
+            self.blocks.drop(layer, table, list(range(keep_blocks, len(table))))
+
+    def _drop_blocks(self, seq: Sequence, ev: SequenceEviction, plan: EvictionPlan) -> None:
+        b, n = self.blocks.block_size, plan.num_cached
         last_valid = n - (len(seq.block_tables[0]) - 1) * b
-        for layer, evicted in enumerate(plan):
+        for layer, evicted in enumerate(plan.dropped_blocks(b)):
             table = seq.block_tables[layer]
             old = np.asarray(table)
             self.blocks.drop(layer, table, evicted.tolist())
             if ev.state.config.rotation:
                 self._rotate(layer, ev, old, evicted, last_valid)
-        seq.num_evicted_tokens += len(plan[0]) * b
-        ev.state.remove(plan)
-        self.num_evicted_blocks += sum(len(p) for p in plan)
+            self.num_evicted_blocks += len(evicted)
 
     def _rotate(self, layer: int, ev: SequenceEviction, old: np.ndarray, evicted: np.ndarray,
                 last_valid: int) -> None:
@@ -124,4 +196,5 @@ class Evictor:
     def forget(self, ev: SequenceEviction) -> None:
         """The sequence's blocks were freed (finish, abort, preemption): its rotations are void."""
         ev.pending = [[] for _ in ev.pending]
+        ev.window_protected = False
         ev.state = EvictionState(ev.state.config, self.model.num_layers, self.blocks.block_size)

@@ -6,8 +6,9 @@ import time
 
 import numpy as np
 
-from vinoserve.cache.block_manager import BlockManager
+from vinoserve.cache.block_manager import BlockManager, blocks_held
 from vinoserve.cache.kv_cache import KVCache
+from vinoserve.cache.layer_groups import LayerGroups
 from vinoserve.cache.prefix_cache import salt_hash
 from vinoserve.engine import step_plan
 from vinoserve.engine.config import EngineConfig, StepStats
@@ -41,16 +42,19 @@ class LLMEngine:
         self.model: LoadedModel = load_model(config.model, options, config.weight_format, log)
         self.tokenizer = self.model.tokenizer
         paged, layers = self.model.paged, self.model.config.num_layers
-        num_blocks = config.num_blocks(paged.layout, layers, self.model.config.max_context)
-        self.cache = KVCache(paged.layout, layers, num_blocks)
         evicting = config.cache_eviction is not None
         salt = salt_hash(config.model, config.weight_format, options, paged.block_size,
                          paged.layout.key_type.get_type_name(), paged.layout.value_type.get_type_name())
-        windows = self.model.config.sliding_windows
-        # Blocks behind the window are freed only where every layer has one (not Gemma's global layers).
-        window = max(windows) if windows and all(windows) and not evicting else 0
-        self.blocks = BlockManager(num_blocks, paged.block_size, layers if evicting else 1,
-                                   salt if config.prefix_caching else None, window)
+        salt = salt if config.prefix_caching else None
+        self.groups = LayerGroups.of(() if evicting else self.model.config.sliding_windows, layers)
+        if self.groups.hybrid and not config.window_sized_caches:
+            self.groups = LayerGroups.of((), layers)  # every layer keeps every block (a 'before' to measure)
+        pooled = self.groups.windows if self.groups.hybrid else self.groups.windows[:1]  # tables of one pool
+        num_blocks = config.num_blocks(paged.layout, self.groups.num_slots, blocks_held(
+            pooled, paged.block_size, self.model.config.max_context, config.scheduler.max_num_batched_tokens))
+        self.blocks = BlockManager(num_blocks, paged.block_size, layers if evicting else 1, salt,
+                                   self.groups.windows[0], self.groups.windows if self.groups.hybrid else ())
+        self.cache = KVCache(paged.layout, layers, num_blocks, self.groups.slot_of)
         if self.blocks.null_block is not None:
             self.cache.zero_block(self.blocks.null_block)
         self.evictor = None
@@ -62,7 +66,8 @@ class LLMEngine:
         # Eviction changes a step's inputs after it ran: it runs one step at a time. Speculation
         # does only in the steps that verify proposals (see Speculator.plan_ahead).
         self._overlap = config.overlap_steps and not evicting
-        self.runner = ModelRunner(paged, self.cache, num_requests=2 if self._overlap else 1)
+        self.runner = ModelRunner(paged, self.cache, num_requests=2 if self._overlap else 1,
+                                  table_of=self.groups.table_of if self.groups.hybrid else None)
         warm_up(self.runner, num_blocks, paged.block_size, self.model.path / "openvino_model.bin")
         self.sampler = Sampler()
         self.eos_token_ids = tuple(dict.fromkeys([*self.model.config.eos_token_ids, *self.tokenizer.eos_token_ids]))
@@ -99,9 +104,11 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         params.validate()
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self.check_request(ids, params)
         eviction = self.new_eviction(cache_eviction)
+        self.check_request(ids, params, eviction)
         seq = Sequence(request_id, ids, params, block_tables=self.blocks.new_tables())
+        if eviction is not None and eviction.state.config.during_prefill:
+            seq.most_blocks = self._most_held(len(ids) + params.max_tokens, eviction)
         if arrival_time is not None:
             seq.arrival_time = arrival_time
         sampling = SamplingState(params, seq.prompt_token_ids, seq.output_token_ids, self.eos_token_ids,
@@ -128,7 +135,7 @@ class LLMEngine:
             return None
         return self.evictor.new_sequence(overrides)
 
-    def check_request(self, ids: list[int], params: SamplingParams) -> None:
+    def check_request(self, ids: list[int], params: SamplingParams, eviction: SequenceEviction | None = None) -> None:
         """ValueError naming the problem if this request could never run; reads only fixed config."""
         if not ids:
             raise ValueError("the prompt is empty")
@@ -143,9 +150,20 @@ class LLMEngine:
         if total > self.max_context:
             raise ValueError(f"this model's maximum context length is {self.max_context} tokens; the prompt "
                              f"has {len(ids)} and max_tokens is {params.max_tokens} ({total} in all)")
-        if self.blocks.most_held(total, self.config.scheduler.max_num_batched_tokens) > self.blocks.num_blocks:
-            raise ValueError(f"the request needs {total} tokens of KV cache; the cache holds "
-                             f"{self.blocks.num_blocks * self.blocks.block_size}")
+        held = self._most_held(total, eviction)
+        if held > self.blocks.num_blocks:
+            raise ValueError(f"the request needs {total} tokens of KV cache, {held} blocks of "
+                             f"{self.blocks.block_size}; the cache holds {self.blocks.num_blocks}")
+
+    def _most_held(self, num_tokens: int, eviction: SequenceEviction | None) -> int:
+        """Blocks a request of `num_tokens` tokens holds at most at once."""
+        step = self.config.scheduler.max_num_batched_tokens
+        held = self.blocks.most_held(num_tokens, step)
+        if eviction is not None and eviction.state.config.during_prefill:
+            # evicted back to the budget (and the block being filled) after every step
+            bound = eviction.state.config.max_cache_size + self.blocks.block_size - 1 + step
+            held = min(held, self.blocks.blocks_for(bound))
+        return held
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Retire a request now (call between steps); its blocks are freed at once."""
@@ -267,7 +285,7 @@ class LLMEngine:
             self.scheduler.cache_computed(ahead.computed)
             self.stats.overlapped_seconds += time.perf_counter() - begin
         if self.evictor is not None:
-            self._evict(flight, result.scores, sampling)
+            self._evict(flight, result.scores)
         return outputs
 
     def _speculating(self) -> tuple[list[Sequence], list[int]]:
@@ -306,20 +324,18 @@ class LLMEngine:
             alive, j = verifying, j + 1
             picks = sample(self.sampler, rows[[sampling[i].row + j for i in alive]], [sampling[i].req for i in alive])
 
-    def _evict(self, step: Launch, scores: list[np.ndarray] | None, sampling: list[SamplingRow]) -> None:
+    def _evict(self, step: Launch, scores: list[np.ndarray]) -> None:
         """After verification (the scores of rejected proposals' keys go): each scored chunk's
-        scores of the keys still cached, then eviction where a cache is over its budget."""
-        if scores is not None:
-            offset = 0
-            for c, r in zip(step.chunks, step.reqs):
-                n = c.past_len + len(c.token_ids)
-                if c.score_window and r.eviction is not None and not r.seq.status.is_finished:
-                    keep = min(n, r.seq.num_cached_tokens)
-                    r.eviction.state.add([layer[offset:offset + keep] for layer in scores])
-                offset += n
-        for r, _, _ in sampling:
-            if r.eviction is not None and not r.seq.status.is_finished:
+        scores of the keys still cached, then eviction where its cache is over the budget. A
+        chunk is scored where it samples, and with during_prefill every prompt chunk too."""
+        offset = 0
+        for c, r in zip(step.chunks, step.reqs):
+            n = c.past_len + len(c.token_ids)
+            if c.score_window and r.eviction is not None and not r.seq.status.is_finished:
+                keep = min(n, r.seq.num_cached_tokens)
+                r.eviction.state.add([layer[offset:offset + keep] for layer in scores], c.score_window)
                 self.evictor.evict_if_full(r.seq, r.eviction)
+            offset += n
 
     def _fork_choices(self, sampling: list[SamplingRow], now: float) -> list[SamplingRow]:
         """Choices waiting for a prompt that just finished join `sampling`, on the prompt's

@@ -92,7 +92,10 @@ class ModelRunner:
     """Runs steps on infer requests in turn: with two, the next step's inputs can be set on one
     while the other computes (see LLMEngine's overlapped step loop)."""
 
-    def __init__(self, model: PagedModel, cache: KVCache, num_requests: int = 2) -> None:
+    def __init__(self, model: PagedModel, cache: KVCache, num_requests: int = 2,
+                 table_of: Sequence[int] | None = None) -> None:
+        """`table_of`: per layer, which of a chunk's block tables it reads when a chunk has
+        several (default: one table per layer, as eviction keeps them)."""
         self.model = model
         self.cache = cache
         # Per turn, a request of the main model and one of the decode model (model/decode_model.py),
@@ -104,6 +107,7 @@ class ModelRunner:
         self._has_scores = model.options.score_outputs
         self._has_rotation = model.options.cache_rotation
         self._per_layer_tables = model.options.per_layer_block_tables
+        self._table_of = list(range(self._num_layers)) if table_of is None else list(table_of)
         self.infer_seconds = 0.0  # blocked on OpenVINO (starting, waiting); the rest of a step is our Python
 
     def step(self, chunks: Sequence[ScheduledChunk], rotation: KernelRotation | None = None) -> StepResult:
@@ -190,7 +194,7 @@ class ModelRunner:
         np.cumsum(counts, out=begins[1:])
         inputs["block_indices_begins"] = begins
         if not self._per_layer_tables:
-            assert all(len(c.block_tables) == 1 for c in chunks), "per-layer tables need an evicting model"
+            assert all(len(c.block_tables) == 1 for c in chunks), "several block tables need a model compiled with per-layer tables"
             inputs["block_indices"] = np.fromiter(itertools.chain.from_iterable(c.block_tables[0] for c in chunks),
                                                   np.int32, int(begins[-1]))
             return
@@ -199,10 +203,10 @@ class ModelRunner:
             for layer in range(self._num_layers):
                 inputs[f"block_indices.{layer}"] = shared
             return
+        tables = [np.concatenate([np.asarray(c.block_tables[t if len(c.block_tables) > 1 else 0], dtype=np.int32)
+                                  for c in chunks]) for t in range(max(self._table_of) + 1)]
         for layer in range(self._num_layers):
-            inputs[f"block_indices.{layer}"] = np.concatenate([
-                np.asarray(c.block_tables[layer if len(c.block_tables) > 1 else 0], dtype=np.int32) for c in chunks
-            ])
+            inputs[f"block_indices.{layer}"] = tables[self._table_of[layer]]
 
     def _rotation_inputs(self, rotation: KernelRotation | None, inputs: dict) -> None:
         head_size = self.model.facts.head_size

@@ -60,7 +60,7 @@ def chunk(s: ScheduledSequence, req: RequestState) -> ScheduledChunk:
     if s.num_drafts:
         tokens = tokens + seq.draft_token_ids
     return ScheduledChunk(tokens, seq.num_cached_tokens, seq.block_tables, wanted, first_position,
-                          Evictor.score_window(ev, s.samples, s.num_tokens))
+                          Evictor.score_window(ev, seq, s.num_tokens, s.samples))
 
 
 def sampling_rows(plan: SchedulerOutput, reqs: list[RequestState],

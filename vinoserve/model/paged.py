@@ -5,7 +5,7 @@ rt_info its PagedAttention nodes need and no longer compiles (see shared docs).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import openvino as ov
@@ -37,6 +37,7 @@ class CompileOptions:
     # int8 activations per this many inputs in matmuls with low-bit weights (0: off); None: per
     # CPU class (cpu_defaults.py)
     dynamic_quantization_group_size: int | None = None
+    per_layer_tables: bool = False  # a block_indices input per layer whatever else is on (set for mixed windows)
 
     def __post_init__(self) -> None:
         if self.inference_precision not in (None, *PRECISIONS):
@@ -46,9 +47,10 @@ class CompileOptions:
 
     @property
     def per_layer_block_tables(self) -> bool:
-        """One block_indices input per layer: only eviction gives layers different tables (and
-        eviction is what asks for scores). Otherwise one shared input, as genai compiles it."""
-        return self.score_outputs
+        """One block_indices input per layer where layers read different tables: eviction's (and
+        eviction is what asks for scores) or layer groups' (sliding and global layers, see
+        cache/layer_groups.py). Otherwise one shared input, as genai compiles it."""
+        return self.score_outputs or self.per_layer_tables
 
     def properties(self) -> dict[str, str]:
         props = {"NUM_STREAMS": "1"}  # one step at a time; let the op use all threads
@@ -150,6 +152,8 @@ def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None
                   sliding_windows: tuple[int, ...] = ()) -> PagedModel:
     """`sliding_windows`: each layer's, from the model's config (empty: as the transformation found them)."""
     core = core or ov.Core()
+    if len(set(sliding_windows)) > 1:  # sliding and global layers: a table per layer group
+        options = replace(options, per_layer_tables=True)
     options = cpu_defaults.resolve(options, core, model)
     facts = read_graph_facts(to_paged(model, options, sliding_windows))
     split_block_offsets(model)  # after to_paged: the LM head's correction must read the gathered rows

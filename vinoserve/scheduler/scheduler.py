@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from vinoserve.cache.block_manager import BlockManager
+from vinoserve.cache.block_manager import BlockManager, Hit
 from vinoserve.scheduler.sequence import Sequence, SequenceStatus
 
 
@@ -69,20 +69,22 @@ class Scheduler:
             if seq.ends_with_pending:  # finishes once the step in flight samples it
                 i += 1
                 continue
-            if self.blocks.window:  # 0.3-0.4 us a sequence a step for nothing without one
+            if self.blocks.releases:  # 0.3-0.4 us a sequence a step for nothing without a window
                 self.blocks.release_behind(seq.block_tables, seq.num_computed_tokens)
             n = min(seq.num_uncomputed_tokens, budget)
             drafts = self._fit_drafts(seq, n, budget)
             if not self._make_room(seq, n + drafts, out):
                 break  # seq itself was the newest and got preempted
-            if (copy := self.blocks.own_block_at(seq.block_tables, seq.num_cached_tokens)) is not None:
-                out.copies.append(copy)
+            out.copies += self.blocks.own_blocks_at(seq.block_tables, seq.num_cached_tokens)
             self.blocks.grow(seq.block_tables, seq.num_cached_tokens + n + drafts)
             out.scheduled.append(ScheduledSequence.of(seq, n + drafts, drafts))
             n += drafts
             budget -= n
             i += 1
         pending = self._pending_hashes()
+        # Sequences whose KV is bounded (eviction during prefill) get room to reach their bound:
+        # admitting one that would later preempt another wastes a whole prompt's recompute.
+        growth = sum(max(0, s.most_blocks - len(s.block_tables[0])) for s in self.running if s.most_blocks)
         w = 0
         while w < len(self.waiting) and budget and len(out.scheduled) < self.config.max_num_seqs \
                 and not out.preempted:
@@ -93,13 +95,14 @@ class Scheduler:
                 continue
             start = len(hits) * self.blocks.block_size
             n = min(seq.num_tokens - start, budget)
-            reserve = self._watermark if self.running else 0
-            needed = self.blocks.blocks_for(start + n) - len(hits) + self.blocks.num_reviving(hits, start)
-            if needed + reserve > self.blocks.num_free_blocks:
+            reserve = (self._watermark if self.running else 0) + growth
+            needed = self.blocks.admission_cost(hits, start + n)
+            if max(needed, seq.most_blocks or 0) + reserve > self.blocks.num_free_blocks:
                 break  # first come, first served: nobody overtakes the head of the queue for memory
             del self.waiting[w]
             self._admit(seq, hits)
             self.blocks.grow(seq.block_tables, seq.num_cached_tokens + n)
+            growth += max(0, (seq.most_blocks or 0) - len(seq.block_tables[0]))
             out.scheduled.append(ScheduledSequence.of(seq, n))
             budget -= n
             pending |= self._uncomputed_hashes(seq)
@@ -123,17 +126,16 @@ class Scheduler:
         self.blocks.trim(seq.block_tables, seq.num_cached_tokens + seq.num_uncomputed_tokens)
 
     # ---- prefix caching
-    def _cached_prefix(self, seq: Sequence) -> list[int]:
+    def _cached_prefix(self, seq: Sequence) -> list[Hit]:
         """Cached blocks `seq` can start from ([] without prefix caching)."""
-        prefix = self.blocks.prefix
-        if prefix is None or _scores_prompt(seq):
+        if self.blocks.prefix is None or _scores_prompt(seq):
             return []
-        return prefix.match(seq.block_hashes, seq.token_ids, seq.num_tokens)
+        return self.blocks.match_prefix(seq.block_hashes, seq.token_ids, seq.num_tokens)
 
     def _waits_for(self, seq: Sequence, num_hits: int, pending: set[bytes]) -> bool:
         return not _scores_prompt(seq) and num_hits < len(seq.block_hashes) and seq.block_hashes[num_hits] in pending
 
-    def _admit(self, seq: Sequence, hits: list[int]) -> None:
+    def _admit(self, seq: Sequence, hits: list[Hit]) -> None:
         first = seq.status is SequenceStatus.WAITING
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
@@ -172,10 +174,8 @@ class Scheduler:
             if full <= seq.num_registered_blocks or seq.status is not SequenceStatus.RUNNING:
                 continue  # nothing new, or its blocks went back since (preempted, finished)
             prefix.extend_hashes(seq.block_hashes, seq.token_ids, full)
-            table = seq.block_tables[0]
             for i in range(seq.num_registered_blocks, full):
-                if table[i] != self.blocks.null_block:  # not released before it could be
-                    prefix.register(table[i], i, seq.block_hashes, seq.token_ids)
+                self.blocks.register(seq.block_tables, i, seq.block_hashes, seq.token_ids)
             seq.num_registered_blocks = full
 
     def _make_room(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:

@@ -45,6 +45,9 @@ class Sequence:
     # Overlapped steps: the token a step in flight will sample for it, counted in num_tokens (the
     # next step is planned with it) before it is known and appended to output_token_ids.
     num_pending_tokens: int = 0
+    # The most blocks a table of it ever holds where that is bounded (eviction during prefill:
+    # the budget plus one step); the scheduler admits it only with room to get there.
+    most_blocks: int | None = None
 
     @property
     def num_known_tokens(self) -> int:
