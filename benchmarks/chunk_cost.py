@@ -19,7 +19,8 @@ import openvino as ov
 from vinoserve.cache.kv_cache import KVCache
 from vinoserve.model.loader import resolve_model_dir
 from vinoserve.model.spec import read_config
-from vinoserve.model.paged import CompileOptions, compile_paged
+from vinoserve.model.paged import compile_paged
+from vinoserve.model.compile_options import CompileOptions
 
 
 def mixed_step(names: set[str], decodes: int, context: int, chunk: int, block: int) -> tuple[dict, int]:

@@ -20,7 +20,7 @@ from vinoserve.cache.eviction import CacheEvictionConfig
 from vinoserve.engine.llm import LLM
 from vinoserve.engine.llm_engine import EngineConfig
 from vinoserve.model.loader import resolve_model_dir
-from vinoserve.model.paged import CompileOptions
+from vinoserve.model.compile_options import CompileOptions
 from vinoserve.scheduler.sampling_params import SamplingParams
 
 F32 = CompileOptions(inference_precision="f32", kv_cache_precision="f32")

@@ -20,7 +20,7 @@ from vinoserve.bench.longctx import OURS
 from vinoserve.bench.perplexity import perplexity as run
 from vinoserve.bench.perplexity import text_windows
 from vinoserve.cache.eviction import CacheEvictionConfig
-from vinoserve.model.paged import CompileOptions
+from vinoserve.model.compile_options import CompileOptions
 
 PRECISIONS = {"f32": CompileOptions(inference_precision="f32", kv_cache_precision="f32"),
               "fast": CompileOptions(inference_precision="bf16", kv_cache_precision="u8"),

@@ -34,7 +34,7 @@ from vinoserve.cache.kv_cache import KVCache
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.model.loader import load_model
-from vinoserve.model.paged import CompileOptions
+from vinoserve.model.compile_options import CompileOptions
 from vinoserve.model.weights import WEIGHT_FORMATS
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.scheduler.scheduler import SchedulerConfig

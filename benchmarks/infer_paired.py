@@ -22,7 +22,8 @@ from openvino._offline_transformations import paged_attention_transformation
 from vinoserve.cache.kv_cache import KVCache
 from vinoserve.model.loader import resolve_model_dir
 from vinoserve.model.spec import read_config
-from vinoserve.model.paged import CompileOptions, _cache_layout, compile_paged
+from vinoserve.model.paged import _cache_layout, compile_paged
+from vinoserve.model.compile_options import CompileOptions
 
 
 def compiled_models(core: ov.Core, model_dir: Path, old_ir: Path | None,

@@ -23,7 +23,7 @@ import numpy as np
 from vinoserve.bench.engine_vs_genai import QWEN2_05B, random_qwen2_gguf
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.model.loader import resolve_model_dir
-from vinoserve.model.paged import CompileOptions
+from vinoserve.model.compile_options import CompileOptions
 from vinoserve.model.storage import cache_root
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.scheduler.scheduler import SchedulerConfig

@@ -32,7 +32,7 @@ import kquant_encoder  # noqa: E402  (a test helper: the package writes no K-qua
 
 from vinoserve.bench.perplexity import perplexity, text_windows  # noqa: E402
 from vinoserve.model import default_model  # noqa: E402
-from vinoserve.model.paged import CompileOptions  # noqa: E402
+from vinoserve.model.compile_options import CompileOptions  # noqa: E402
 from vinoserve.model.storage import cache_root  # noqa: E402
 
 T = gguf.GGMLQuantizationType

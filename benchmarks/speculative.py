@@ -33,7 +33,7 @@ import numpy as np
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.engine.speculative import SpeculativeConfig
 from vinoserve.model.default_model import DEFAULT_MODEL
-from vinoserve.model.paged import CompileOptions
+from vinoserve.model.compile_options import CompileOptions
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.scheduler.scheduler import SchedulerConfig
 

@@ -14,7 +14,7 @@ from vinoserve.bench.workloads import stdlib_english
 from vinoserve.engine.llm import LLM
 from vinoserve.engine.llm_engine import EngineConfig
 from vinoserve.engine.speculative import SpeculativeConfig
-from vinoserve.model.paged import CompileOptions
+from vinoserve.model.compile_options import CompileOptions
 from vinoserve.scheduler.sampling_params import SamplingParams
 
 ASKS = ["Write a story about a lighthouse keeper.", "Explain how a hash map works.",

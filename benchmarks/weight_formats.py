@@ -25,7 +25,8 @@ from vinoserve.cache.kv_cache import KVCache
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.model.loader import resolve_model_dir
 from vinoserve.model.spec import read_config
-from vinoserve.model.paged import CompileOptions, PagedModel, compile_paged
+from vinoserve.model.paged import PagedModel, compile_paged
+from vinoserve.model.compile_options import CompileOptions
 
 
 def _prefill(model: PagedModel, tokens: int):

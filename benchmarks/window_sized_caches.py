@@ -64,7 +64,7 @@ def pool(args) -> None:
     from gguf_fixtures import family_gguf
 
     from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
-    from vinoserve.model.paged import CompileOptions
+    from vinoserve.model.compile_options import CompileOptions
     from vinoserve.scheduler.sampling_params import SamplingParams
     from vinoserve.scheduler.scheduler import SchedulerConfig
 

@@ -25,7 +25,8 @@ from vinoserve.model.architectures.phi3 import pin_longrope
 from vinoserve.model.config import ModelConfig
 from vinoserve.model.gguf_loader import GGUFModel
 from vinoserve.model.graph import build_model
-from vinoserve.model.paged import CompileOptions, compile_paged
+from vinoserve.model.paged import compile_paged
+from vinoserve.model.compile_options import CompileOptions
 from vinoserve.model.rope import longrope
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.scheduler.scheduler import SchedulerConfig

@@ -9,7 +9,7 @@ from vinoserve.model import cpu_defaults
 from vinoserve.model.cpu_defaults import CpuClass, classify, cpu_flags, resolve
 from vinoserve.model.gguf_loader import GGUFModel
 from vinoserve.model.graph import build_model
-from vinoserve.model.paged import CompileOptions
+from vinoserve.model.compile_options import CompileOptions
 
 
 class _Core:

@@ -12,7 +12,8 @@ from vinoserve.model import decode_model
 from vinoserve.model.errors import ModelLoadError
 from vinoserve.model.gguf_loader import GGUFModel
 from vinoserve.model.graph import build_model
-from vinoserve.model.paged import CompileOptions, PagedModel, compile_paged
+from vinoserve.model.paged import PagedModel, compile_paged
+from vinoserve.model.compile_options import CompileOptions
 
 
 @pytest.fixture(scope="module")

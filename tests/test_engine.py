@@ -10,7 +10,7 @@ from gguf_fixtures import tiny_hf_model, write_gguf
 from hf_reference import hf_greedy
 from vinoserve.engine.llm import LLM
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
-from vinoserve.model.paged import CompileOptions
+from vinoserve.model.compile_options import CompileOptions
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.scheduler.scheduler import SchedulerConfig
 

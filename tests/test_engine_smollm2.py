@@ -10,7 +10,7 @@ import torch
 from hf_reference import hf_greedy
 from vinoserve.engine.llm import LLM
 from vinoserve.engine.llm_engine import EngineConfig
-from vinoserve.model.paged import CompileOptions
+from vinoserve.model.compile_options import CompileOptions
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.scheduler.scheduler import SchedulerConfig
 

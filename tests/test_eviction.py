@@ -16,7 +16,7 @@ from vinoserve.cache.kv_cache import KVCache
 from vinoserve.engine.llm import LLM
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
-from vinoserve.model.paged import CompileOptions
+from vinoserve.model.compile_options import CompileOptions
 from vinoserve.scheduler.sampling_params import SamplingParams
 
 B = 32

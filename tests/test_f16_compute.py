@@ -17,7 +17,8 @@ from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.model.errors import ModelLoadError
 from vinoserve.model.gguf_loader import GGUFModel
 from vinoserve.model.graph import build_model
-from vinoserve.model.paged import CompileOptions, compile_paged
+from vinoserve.model.paged import compile_paged
+from vinoserve.model.compile_options import CompileOptions
 
 NATIVE_F16 = "FP16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 

@@ -17,7 +17,7 @@ from test_engine import GREEDY, PROMPT_LENS, _run_staggered
 from vinoserve.cache.eviction import CacheEvictionConfig
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.model.loader import load_model
-from vinoserve.model.paged import CompileOptions
+from vinoserve.model.compile_options import CompileOptions
 from vinoserve.model.rope import RopeConfig
 from vinoserve.scheduler.scheduler import SchedulerConfig
 

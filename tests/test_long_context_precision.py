@@ -13,7 +13,8 @@ from gguf_fixtures import tiny_hf_model, write_gguf
 from vinoserve.bench.perplexity import perplexity, text_windows
 from vinoserve.model.gguf_loader import GGUFModel
 from vinoserve.model.graph import build_model
-from vinoserve.model.paged import CompileOptions, compile_paged
+from vinoserve.model.paged import compile_paged
+from vinoserve.model.compile_options import CompileOptions
 
 WINDOW, FORCED = 1100, 48  # positions 1,052..1,099: bf16 spacing there is 8
 

@@ -18,7 +18,7 @@ from vinoserve.cache.eviction import CacheEvictionConfig
 from vinoserve.engine.llm import LLM
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.model.loader import resolve_model_dir
-from vinoserve.model.paged import CompileOptions
+from vinoserve.model.compile_options import CompileOptions
 from vinoserve.model.tokenizer import Tokenizer
 from vinoserve.scheduler.sampling_params import SamplingParams
 

@@ -12,7 +12,8 @@ from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.model.gguf_file import GGUFTensor
 from vinoserve.model.gguf_loader import GGUFModel
 from vinoserve.model.graph import build_model
-from vinoserve.model.paged import CompileOptions, compile_paged
+from vinoserve.model.paged import compile_paged
+from vinoserve.model.compile_options import CompileOptions
 from vinoserve.model.rope import RopeConfig
 
 F32 = CompileOptions(inference_precision="f32", kv_cache_precision="f32")

@@ -16,7 +16,8 @@ from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.model import quantized
 from vinoserve.model.gguf_loader import GGUFModel
 from vinoserve.model.graph import build_model
-from vinoserve.model.paged import CompileOptions, compile_paged
+from vinoserve.model.paged import compile_paged
+from vinoserve.model.compile_options import CompileOptions
 
 T = gguf.GGMLQuantizationType
 # f32 compute also turns the plugin's int8 activations off (CompileOptions.properties): f32 arithmetic.

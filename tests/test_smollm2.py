@@ -12,7 +12,7 @@ from vinoserve.engine.llm_engine import EngineConfig
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.model.default_model import DEFAULT_MODEL
 from vinoserve.model.loader import load_model
-from vinoserve.model.paged import CompileOptions
+from vinoserve.model.compile_options import CompileOptions
 from vinoserve.scheduler.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow

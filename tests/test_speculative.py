@@ -16,7 +16,7 @@ from vinoserve.engine.llm import LLM
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.engine.ngram_proposer import find_continuation
 from vinoserve.engine.speculative import SpeculativeConfig, Speculator
-from vinoserve.model.paged import CompileOptions
+from vinoserve.model.compile_options import CompileOptions
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.scheduler.scheduler import SchedulerConfig
 from vinoserve.scheduler.sequence import Sequence

@@ -147,7 +147,7 @@ def _engine_config(args: argparse.Namespace):
     from vinoserve.cache.eviction import CacheEvictionConfig
     from vinoserve.engine.llm_engine import EngineConfig
     from vinoserve.engine.speculative import SpeculativeConfig
-    from vinoserve.model.paged import CompileOptions
+    from vinoserve.model.compile_options import CompileOptions
     from vinoserve.model.precision import check_inference_precision
     from vinoserve.scheduler.scheduler import SchedulerConfig
 

@@ -35,7 +35,7 @@ from vinoserve.bench.workloads import stdlib_english
 from vinoserve.engine.llm import LLM
 from vinoserve.engine.llm_engine import EngineConfig
 from vinoserve.model.loader import resolve_model_dir
-from vinoserve.model.paged import KV_PRECISIONS, PRECISIONS, CompileOptions
+from vinoserve.model.compile_options import KV_PRECISIONS, PRECISIONS, CompileOptions
 from vinoserve.model.storage import cache_root
 from vinoserve.model.tokenizer import Tokenizer
 from vinoserve.model.weights import WEIGHT_FORMATS

@@ -118,7 +118,7 @@ class Vinoserve:
                  inference_precision: str | None = None, decode_model: str = "auto",
                  dynamic_quantization_group_size: int | None = None) -> None:
         from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
-        from vinoserve.model.paged import CompileOptions
+        from vinoserve.model.compile_options import CompileOptions
         from vinoserve.scheduler.scheduler import SchedulerConfig
 
         self.name = (f"vinoserve {weight_format}" + ("" if decode_model == "auto" else f" dm-{decode_model}")

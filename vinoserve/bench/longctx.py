@@ -27,7 +27,7 @@ import numpy as np
 from vinoserve.bench.haystack import HAYSTACKS, haystack_text
 from vinoserve.bench.longctx_tasks import PLACEMENTS, SINGLE_NEEDLE_TASKS, TASKS, Generator, Sample, score
 from vinoserve.cache.eviction import RECOMMENDED, CacheEvictionConfig
-from vinoserve.model.paged import CompileOptions
+from vinoserve.model.compile_options import CompileOptions
 from vinoserve.model.storage import cache_root
 
 # What `ours` means: the policy the benchmark chose, as `--cache-eviction` runs it (docs/eviction.md).

@@ -17,7 +17,7 @@ import numpy as np
 from vinoserve.bench.workloads import stdlib_english
 from vinoserve.cache.eviction import CacheEvictionConfig
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
-from vinoserve.model.paged import CompileOptions
+from vinoserve.model.compile_options import CompileOptions
 from vinoserve.scheduler.sampler import SamplerOutput
 from vinoserve.scheduler.sampling_params import SamplingParams
 

@@ -8,7 +8,8 @@ from vinoserve.cache.kv_cache import num_blocks_for_bytes
 from vinoserve.cache.rotation import kernel_supports_rotation
 from vinoserve.engine.speculative import SpeculativeConfig
 from vinoserve.memory import available_memory_bytes
-from vinoserve.model.paged import CacheLayout, CompileOptions
+from vinoserve.model.paged import CacheLayout
+from vinoserve.model.compile_options import CompileOptions
 from vinoserve.model.weights import WeightFormat
 from vinoserve.scheduler.scheduler import SchedulerConfig
 

@@ -19,7 +19,7 @@ from vinoserve.cache.kv_cache import KVCache
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.engine.speculative import SpeculativeConfig
 from vinoserve.model.loader import LoadedModel, load_model
-from vinoserve.model.paged import CompileOptions
+from vinoserve.model.compile_options import CompileOptions
 from vinoserve.scheduler.sequence import Sequence, SequenceStatus
 
 

@@ -13,12 +13,10 @@ import enum
 import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import openvino as ov
 
-if TYPE_CHECKING:  # paged.py imports this module
-    from vinoserve.model.paged import CompileOptions
+from vinoserve.model.compile_options import CompileOptions
 
 
 class CpuClass(enum.Enum):

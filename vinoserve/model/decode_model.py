@@ -19,15 +19,12 @@ run anyway.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import openvino as ov
 
 from vinoserve.memory import memory_limit_bytes
+from vinoserve.model.compile_options import CompileOptions
 from vinoserve.model.errors import ModelLoadError
-
-if TYPE_CHECKING:  # paged.py imports this module
-    from vinoserve.model.paged import CompileOptions
 
 # Steps of at most this many tokens go to the decode model: a few sequences decoding, or one
 # verifying its proposals (1 + k tokens). On a Sapphire Rapids the bf16 kernels were level at four;

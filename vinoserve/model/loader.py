@@ -11,7 +11,8 @@ from vinoserve.model.architectures.phi3 import pin_longrope
 from vinoserve.model.convert import converted_dir
 from vinoserve.model.errors import ModelLoadError, last_line
 from vinoserve.model.weights import WeightFormat
-from vinoserve.model.paged import CompileOptions, PagedModel, compile_paged
+from vinoserve.model.paged import PagedModel, compile_paged
+from vinoserve.model.compile_options import CompileOptions
 from vinoserve.model.precision import check_inference_precision
 from vinoserve.model.spec import ModelSpec, read_config
 from vinoserve.model.tokenizer import DETOKENIZER_XML, TOKENIZER_XML, Tokenizer

@@ -15,61 +15,12 @@ from openvino._offline_transformations import paged_attention_transformation
 from vinoserve.model import cpu_defaults, decode_model
 from vinoserve.model import fuse_projections as projections
 from vinoserve.model.block_offsets import split_block_offsets
+from vinoserve.model.compile_options import CompileOptions
 from vinoserve.model.errors import ModelLoadError, last_line
 from vinoserve.model.graph_facts import (MAX_CONTEXT_LEN_INPUT, SLIDING_WINDOW_INPUT, GraphFacts, layer_index,
                                          lm_head, read_graph_facts)
 
 SAMPLED_INDICES = "sampled_token_indices"
-PRECISIONS = ("f32", "f16", "bf16")
-KV_PRECISIONS = ("f32", "f16", "bf16", "u8", "u4")
-
-
-@dataclass(frozen=True)
-class CompileOptions:
-    device: str = "CPU"
-    inference_precision: str | None = None  # None: the plugin's default for this machine
-    kv_cache_precision: str | None = None
-    num_threads: int | None = None
-    score_outputs: bool = False  # per-layer attention scores, for cache eviction
-    cache_rotation: bool = False  # in-kernel RoPE re-rotation inputs
-    fuse_projections: bool | None = None  # q/k/v as one MatMul; None: on CPU (see fuse_projections)
-    decode_model: bool | None = None  # a second compilation for steps of few tokens; None: where it pays (decode_model.py)
-    # int8 activations per this many inputs in matmuls with low-bit weights (0: off); None: per
-    # CPU class (cpu_defaults.py)
-    dynamic_quantization_group_size: int | None = None
-    per_layer_tables: bool = False  # a block_indices input per layer whatever else is on (set for mixed windows)
-
-    def __post_init__(self) -> None:
-        if self.inference_precision not in (None, *PRECISIONS):
-            raise ValueError(f"inference precision {self.inference_precision!r}; one of {', '.join(PRECISIONS)}")
-        if self.kv_cache_precision not in (None, *KV_PRECISIONS):
-            raise ValueError(f"KV cache precision {self.kv_cache_precision!r}; one of {', '.join(KV_PRECISIONS)}")
-
-    @property
-    def per_layer_block_tables(self) -> bool:
-        """One block_indices input per layer where layers read different tables: eviction's (and
-        eviction is what asks for scores) or layer groups' (sliding and global layers, see
-        cache/layer_groups.py). Otherwise one shared input, as genai compiles it."""
-        return self.score_outputs or self.per_layer_tables
-
-    def properties(self) -> dict[str, str]:
-        props = {"NUM_STREAMS": "1"}  # one step at a time; let the op use all threads
-        if self.inference_precision:
-            props["INFERENCE_PRECISION_HINT"] = self.inference_precision
-        if self.dynamic_quantization_group_size is not None:
-            props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = str(self.dynamic_quantization_group_size)
-        elif self.inference_precision == "f32":
-            # f32 asked for is f32 arithmetic: on VNNI/AMX CPUs the plugin otherwise rounds the
-            # activations of every matmul with int8 weights to int8 (the f16 conversion's token
-            # table, all of int8's), moving logits by ~1% (0.46 at a scale of 40 for SmolLM2).
-            props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = "0"
-        if self.kv_cache_precision:
-            props["KV_CACHE_PRECISION"] = self.kv_cache_precision
-        if self.num_threads:
-            props["INFERENCE_NUM_THREADS"] = str(self.num_threads)
-        return props
-
-
 @dataclass(frozen=True)
 class CacheLayout:
     """Per-layer cache tensors as the compiled kernel wants them: [num_blocks, *block_shape]."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import openvino as ov
 
 from vinoserve.model.errors import ModelLoadError
-from vinoserve.model.paged import CompileOptions
+from vinoserve.model.compile_options import CompileOptions
 
 
 def check_inference_precision(options: CompileOptions, core: ov.Core | None = None) -> None:
