@@ -2,7 +2,7 @@
 
 The model is SmolLM2-135M-Instruct: the built-in Q4_1 file as is, and variants written from its
 dequantized values (f32): every matrix Q8_0 (gguf-py), and a Q4_K_M-like mix made with the tests'
-K-quant encoder (tests/kquant_encoder.py) the way llama.cpp assigns types: Q4_K where rows are a
+K-quant encoder (vinoserve/bench/kquants.py) the way llama.cpp assigns types: Q4_K where rows are a
 multiple of 256 values (ffn_down), Q6_K for half the layers' ffn_down and attn_v, and llama.cpp's
 fallback Q5_0 where rows are not (SmolLM2's 576-wide rows). `f32` is the dequantized reference:
 the file's values exactly, in f32 constants. Two lossy ways of keeping Q4_1 at 4 bits are measured
@@ -20,20 +20,17 @@ decode step at a time.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import gguf
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-import kquant_encoder  # noqa: E402  (a test helper: the package writes no K-quants)
-
-from vinoserve.bench.perplexity import perplexity, text_windows  # noqa: E402
-from vinoserve.model import default_model  # noqa: E402
-from vinoserve.model.compile_options import CompileOptions  # noqa: E402
-from vinoserve.model.storage import cache_root  # noqa: E402
+from vinoserve.bench import kquants
+from vinoserve.bench.perplexity import perplexity, text_windows
+from vinoserve.model import default_model
+from vinoserve.model.compile_options import CompileOptions
+from vinoserve.model.storage import cache_root
 
 T = gguf.GGMLQuantizationType
 PRECISIONS = {"default": CompileOptions(), "f32": CompileOptions(inference_precision="f32", kv_cache_precision="f32"),
@@ -84,7 +81,7 @@ def write_variant(src: gguf.GGUFReader, out: Path, variant: str) -> Path:
             continue
         layer = int(t.name.split(".")[1]) if t.name.startswith("blk.") else 0
         qtype = T.Q8_0 if variant == "q8_0" else _q4_k_m_like(t.name, x, layer)
-        blocks = (kquant_encoder.quantize(x, qtype) if qtype in kquant_encoder.ENCODERS
+        blocks = (kquants.quantize(x, qtype) if qtype in kquants.ENCODERS
                   else gguf.quants.quantize(x, qtype))
         w.add_tensor(t.name, blocks, raw_dtype=qtype)
     w.write_header_to_file()
