@@ -268,7 +268,8 @@ def test_unseeded_sampling_keeps_the_distribution(smollm2):
     # The reply already under way, so the model copies from its first token on.
     prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": f"Repeat this text exactly: {COPY}"}])
                         + "The quick", add_special_tokens=False)
-    params = SamplingParams(max_tokens=4, temperature=1.0)
+    # ignore_eos: at temperature 1 a sample may end early, and outcomes must all be four tokens long
+    params = SamplingParams(max_tokens=4, temperature=1.0, ignore_eos=True)
 
     def samples(spec: SpeculativeConfig | None) -> tuple[Counter, LLMEngine]:
         cfg = EngineConfig(compile=F32, weight_format="f32", kv_cache_size_gb=0.3, speculative=spec,
