@@ -108,6 +108,7 @@ class ModelRunner:
         self._has_rotation = model.options.cache_rotation
         self._per_layer_tables = model.options.per_layer_block_tables
         self._table_of = list(range(self._num_layers)) if table_of is None else list(table_of)
+        self._num_tables = max(self._table_of) + 1
         self.infer_seconds = 0.0  # blocked on OpenVINO (starting, waiting); the rest of a step is our Python
 
     def step(self, chunks: Sequence[ScheduledChunk], rotation: KernelRotation | None = None) -> StepResult:
@@ -204,7 +205,7 @@ class ModelRunner:
                 inputs[f"block_indices.{layer}"] = shared
             return
         tables = [np.concatenate([np.asarray(c.block_tables[t if len(c.block_tables) > 1 else 0], dtype=np.int32)
-                                  for c in chunks]) for t in range(max(self._table_of) + 1)]
+                                  for c in chunks]) for t in range(self._num_tables)]
         for layer in range(self._num_layers):
             inputs[f"block_indices.{layer}"] = tables[self._table_of[layer]]
 

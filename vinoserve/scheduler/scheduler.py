@@ -84,7 +84,8 @@ class Scheduler:
         pending = self._pending_hashes()
         # Sequences whose KV is bounded (eviction during prefill) get room to reach their bound:
         # admitting one that would later preempt another wastes a whole prompt's recompute.
-        growth = sum(max(0, s.most_blocks - len(s.block_tables[0])) for s in self.running if s.most_blocks)
+        growth = sum(max(0, s.most_blocks - len(s.block_tables[0])) for s in self.running
+                     if s.most_blocks) if self.waiting else 0  # a walk over every running sequence: only to admit
         w = 0
         while w < len(self.waiting) and budget and len(out.scheduled) < self.config.max_num_seqs \
                 and not out.preempted:
