@@ -23,7 +23,7 @@ from vinoserve.engine.step_plan import Launch, SamplingRow
 from vinoserve.engine.text_output import TextOutput
 from vinoserve.engine.warm_up import warm_up
 from vinoserve.model.loader import LoadedModel, load_model
-from vinoserve.model import decode_model
+from vinoserve.model import cpu_defaults, decode_model
 from vinoserve.scheduler.grammar import GrammarCompiler
 from vinoserve.scheduler.sampler import Sampler, SamplingState
 from vinoserve.scheduler.sampling_params import SamplingParams
@@ -87,7 +87,8 @@ class LLMEngine:
             f"({paged.layout.key_type.get_type_name()} keys, {paged.layout.value_type.get_type_name()} values)"
             + (f"; steps of up to {decode_model.MAX_TOKENS} tokens on the decode model, a second packed copy of "
                f"the weights (about {paged.decode_bytes / 2**30:.2f} GiB; --decode-model off saves it)"
-               if paged.decode else ""))
+               if paged.decode else "")
+            + (f"; defaults for CPU class {cpu_defaults.this_cpu().value}" if options.device == "CPU" else ""))
 
     @property
     def max_context(self) -> int:
