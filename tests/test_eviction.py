@@ -189,11 +189,16 @@ def test_fast_defaults_with_u8_cache_evict_and_rotate_to_completion(smollm2_gguf
     assert all(a.num_free == a.num_blocks for a in llm.engine.blocks.allocators)
 
 
-@pytest.mark.parametrize("kv, tol", [("f32", 1e-4), ("f16", 6e-3), ("u8", 0.15)])
-def test_token_eviction_compacts_and_rotates_to_a_fresh_run_on_the_survivors(one_layer, kv, tol):
-    """Token-granular eviction keeps scattered tokens, packs them into the first blocks and
-    re-rotates each by its own shift: the next logits equal a fresh run on the survivors alone."""
-    hf, path = one_layer
+@pytest.mark.parametrize("kv, tol, context", [("f32", 1e-4, 512), ("f32", 1e-4, 256), ("f16", 6e-3, 256),
+                                               ("u8", 0.15, 256), ("u8", 0.15, 512)])
+def test_token_eviction_compacts_to_a_fresh_run_on_the_survivors(tmp_path, kv, tol, context):
+    """Token-granular eviction keeps scattered tokens and packs them into the first blocks. With
+    room left in the context they keep their positions (new tokens too); where the next tokens
+    could run past the context (256: 150 + a block + a step of 256 > 256) every key is re-rotated
+    onto 0, 1, 2, ... by its own shift. Either way the next logits equal a fresh run on the
+    survivors alone at those positions."""
+    hf = tiny_hf_model("llama", heads=4, kv_heads=2, layers=1, rope_theta=100000.0, max_positions=context)
+    path = str(write_gguf(hf, tmp_path / "one.gguf"))
     cfg = CacheEvictionConfig(32, 32, 96, snapkv_window=8, policy="tokens", protect_window=True)
     engine = _engine(path, kv=kv, eviction=cfg)
     kept = []
@@ -208,8 +213,12 @@ def test_token_eviction_compacts_and_rotates_to_a_fresh_run_on_the_survivors(one
     blocks_touched = np.unique(keep[32:-32] // B)
     assert len(blocks_touched) * B > 32  # the kept middle tokens are scattered, not whole blocks
     survivors = [prompt[i] for i in keep] + [outs[0].new_token_ids[0]]
+    rebased = context == 256
+    positions = list(range(len(survivors))) if rebased else keep.tolist() + [len(prompt)]
+    assert (engine.evictor.num_rotated_blocks > 0) == rebased
     with torch.no_grad():
-        ref = torch.log_softmax(hf(torch.tensor([survivors])).logits[0, -1].double(), -1).numpy()
+        logits = hf(torch.tensor([survivors]), position_ids=torch.tensor([positions])).logits
+        ref = torch.log_softmax(logits[0, -1].double(), -1).numpy()
     _, top = outs[1].new_logprobs[0]
     for token, lp in top:
         assert abs(lp - ref[token]) < tol, (token, lp, ref[token])
@@ -219,6 +228,6 @@ def test_token_eviction_compacts_and_rotates_to_a_fresh_run_on_the_survivors(one
 def test_the_cli_runs_the_policy_the_benchmark_chose():
     from vinoserve.bench.longctx import OURS
 
-    assert CacheEvictionConfig.parse("32,128,672") == replace(OURS, max_cache_size=672)
+    assert CacheEvictionConfig.parse("32,64,672") == replace(OURS, max_cache_size=672)
     blocks = CacheEvictionConfig.parse("32,128,672", "blocks", rotation=False)
     assert blocks == CacheEvictionConfig(32, 128, 672, rotation=False)  # genai's policy, as before

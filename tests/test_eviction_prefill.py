@@ -114,3 +114,36 @@ def test_sessions_are_admitted_only_with_room_to_reach_their_bound(one_layer):
         most = max(most, len(engine.scheduler.running))
     assert done == 3 and most == 2 and engine.scheduler.num_preemptions == 0
     assert all(a.num_free == a.num_blocks for a in engine.blocks.allocators)
+
+
+def test_a_prompt_longer_than_the_models_context_runs_with_positions_inside_it(tmp_path):
+    """With rotation a sequence rebases its positions before they would leave the context, so
+    evicting during prefill it may be longer than the model's context (256 here): 600 prompt
+    tokens and 200 more, every position the model sees below 256. Without rotation positions
+    only grow: refused, as without eviction."""
+    hf = tiny_hf_model("llama", heads=4, kv_heads=2, layers=2, rope_theta=100000.0, max_positions=256)
+    path = str(write_gguf(hf, tmp_path / "short.gguf"))
+    cfg = CacheEvictionConfig(start_size=32, recent_size=32, max_cache_size=96, during_prefill=True,
+                              policy="tokens", snapkv_window=8, protect_window=True)
+    engine = _engine(path, cfg, blocks=16, chunk=64)
+    prompt = np.random.default_rng(8).integers(0, hf.config.vocab_size, 600).tolist()
+    params = SamplingParams(max_tokens=200, temperature=0.8, seed=5, ignore_eos=True)
+    with pytest.raises(ValueError, match="maximum context length is 256 tokens"):
+        engine.add_request("kept", prompt, params, cache_eviction={"rotation": False})
+    with pytest.raises(ValueError, match="maximum context length is 256 tokens"):
+        engine.add_request("after", prompt, params, cache_eviction={"during_prefill": False})
+    ends, prepare = [], engine.runner.prepare
+
+    def recording(chunks, *args):
+        ends.extend((c.past_len if c.first_position is None else c.first_position) + len(c.token_ids)
+                    for c in chunks)
+        return prepare(chunks, *args)
+    engine.runner.prepare = recording
+    engine.add_request("r", prompt, params)
+    outs = []
+    while engine.has_unfinished_requests:
+        outs += engine.step()
+    assert sum(len(o.new_token_ids) for o in outs) == 200 and outs[-1].finished
+    assert len(ends) > 200 and max(ends) <= 256  # the last position a chunk took is 255
+    assert engine.evictor.num_rotated_blocks > 0
+    assert all(a.num_free == a.num_blocks for a in engine.blocks.allocators)

@@ -228,7 +228,15 @@ def test_cache_eviction_server_and_per_request_overrides(smollm2_gguf):
                                       extra_body={"ignore_eos": True})
         assert r.usage.completion_tokens == 150
         assert metric(srv, "vinoserve:evicted_blocks_total") > 0
+        # inside the context kept keys keep their positions: nothing re-rotated yet
+        assert metric(srv, "vinoserve:rotated_blocks_total") == 0
+        # a prompt longer than the model's context (8,192), evicted during prefill: positions rebase
+        long = client.completions.create(model=MODEL, prompt="one two three four " * 2100, max_tokens=4,
+                                         extra_body={"cache_eviction": {"during_prefill": True}})
+        assert long.usage.prompt_tokens > 8192 and long.usage.completion_tokens > 0
         assert metric(srv, "vinoserve:rotated_blocks_total") > 0
+        with pytest.raises(openai.BadRequestError, match="maximum context length"):
+            client.completions.create(model=MODEL, prompt="one two three four " * 2100, max_tokens=4)
         off = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=150, temperature=0,
                                         extra_body={"ignore_eos": True, "cache_eviction": {"enabled": False}})
         assert off.usage.completion_tokens == 150

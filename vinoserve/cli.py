@@ -53,7 +53,9 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
                         "blocks by score (openvino-genai's); streaming: start + recent only")
     p.add_argument("--eviction-aggregation", choices=("norm_sum", "sum"), default="norm_sum")
     p.add_argument("--no-rotation", action="store_true",
-                   help="do not re-rotate the keys of blocks that move after an eviction")
+                   help="never re-rotate kept keys: positions only grow, so prompt + max_tokens must fit the "
+                        "context (default: tokens keep their positions until they would run past the context, "
+                        "then all are rebased; the blocks and streaming policies rebase at every eviction)")
     p.add_argument("--evict-during-prefill", action="store_true",
                    help="evict after every prompt chunk too, so no sequence holds more than MAX tokens plus "
                         "one chunk, whatever its prompt's length (default: once the prompt is in)")

@@ -88,8 +88,7 @@ class ForkedPrefill:
                 seq = f.seq
                 tokens = tail if first else seq.output_token_ids[-1:]
                 self.blocks.grow(seq.block_tables, seq.num_cached_tokens + len(tokens))
-                # As LLMEngine._chunk: without rotation new tokens keep their original positions.
-                position = seq.num_computed_tokens if f.ev is not None and not f.ev.state.config.rotation else None
+                position = Evictor.first_position(seq, f.ev)
                 chunks.append(ScheduledChunk(tokens, seq.num_cached_tokens, seq.block_tables, 1, position,
                                              Evictor.score_window(f.ev, seq, len(tokens), True)))
             rotation = self.evictor.kernel_rotation([f.ev for f in live if f.ev is not None])

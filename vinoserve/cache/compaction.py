@@ -2,9 +2,9 @@
 
 After a token-granular plan, the tokens a layer keeps are scattered over its blocks. They are
 moved, in order, to the front of the layer's block table (the blocks past the last one filled are
-then freed), and with rotation each moved key is re-rotated by its own shift: a key cached at
-position p now at q carries the phase of q (per-token deltas, rows of a one-token-step table).
-Only blocks from the first moved token on are rewritten. Everything runs on the host, at any cache
+then freed), and where positions are rebased each key is re-rotated by its own shift: a key
+carrying position p, now at q, carries the phase of q (per-token deltas, rows of a one-token-step
+table). Only blocks from the first moved or rotated token on are rewritten. Everything runs on the host, at any cache
 precision: keys through their codec (quantized ones requantized with fresh parameters), values
 row by row in their stored form (every value layout the CPU plugin has is per token: a row holds
 its own quantization parameters).
@@ -32,12 +32,16 @@ class Compactor:
         # Row d rotates a key back by d positions; grown on demand.
         self.table = RotationTable(inv_freq, 1, rows=block_size * 16) if inv_freq is not None else None
 
-    def compact(self, layer: int, table: list[int], keep: np.ndarray, rotation: bool) -> int:
+    def compact(self, layer: int, table: list[int], keep: np.ndarray, deltas: np.ndarray | None) -> int:
         """Moves the `keep` tokens (sorted logical indices) of one layer to the front of its block
-        table; returns how many tokens moved. The caller frees the blocks past len(keep)."""
+        table, each key rotated back by its `deltas` positions (None: none rotated); returns how
+        many tokens moved or rotated. The caller frees the blocks past len(keep)."""
         b = self.block_size
         k = len(keep)
-        moved = np.flatnonzero(keep != np.arange(k))
+        changed = keep != np.arange(k)
+        if deltas is not None:
+            changed |= deltas != 0
+        moved = np.flatnonzero(changed)
         if not len(moved):
             return 0
         first = moved[0] // b * b  # rewrite from the start of the first block that changes
@@ -49,11 +53,10 @@ class Compactor:
         pad = out * b - n_out
 
         keys = _tokens(self.keys[layer].read(blocks_in))[src]  # [T, H, S] float32
-        if rotation:
-            deltas = src + first - np.arange(first, k)
-            self.table.ensure(int(deltas.max()))
+        if deltas is not None:
+            self.table.ensure(int(deltas[first:].max()))
             keys = rotate(keys.transpose(1, 0, 2)[None], self.table.table,
-                          deltas[None].astype(np.int64))[0].transpose(1, 0, 2)
+                          deltas[None, first:].astype(np.int64))[0].transpose(1, 0, 2)
         valid = np.full(out, b)
         valid[-1] = b - pad
         self.keys[layer].write(dst, _blocks(keys, pad, b), valid)

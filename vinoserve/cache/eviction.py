@@ -36,7 +36,9 @@ POLICIES = ("tokens", "blocks", "streaming")
 # What `--cache-eviction` runs per policy, chosen by `vinoserve bench longctx` (docs/eviction.md has
 # the runs): tokens scored over the prompt's last 32 queries, pooled over 31 neighbours (a needle's
 # sentence survives with it), the question protected, each layer's choice half its own and half
-# all layers' vote. "blocks" keeps the dataclass defaults: openvino-genai's policy, rotated.
+# all layers' vote; with start 32 and recent 64 (`--cache-eviction 32,64,MAX`: the spec's recent
+# tokens come out of the scored budget). "blocks" keeps the dataclass defaults: openvino-genai's
+# policy (start 32, recent 128), rotated.
 RECOMMENDED = {
     "tokens": dict(policy="tokens", snapkv_window=32, pool_window=31, protect_window=True, layer_mix=0.5),
     "blocks": dict(policy="blocks"),

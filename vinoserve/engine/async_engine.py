@@ -140,8 +140,13 @@ class AsyncLLMEngine:
 
     @property
     def max_context(self) -> int:
-        """Prompt plus output tokens one sequence may hold."""
+        """Prompt plus output tokens one sequence may hold (positions the model was trained on)."""
         return self.engine.max_context
+
+    @property
+    def context_unbounded(self) -> bool:
+        """Eviction with rotation: a request may run past max_context (see LLMEngine)."""
+        return self.engine.context_unbounded
 
     @property
     def vocab_size(self) -> int:

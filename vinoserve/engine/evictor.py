@@ -1,4 +1,4 @@
-"""Drives cache eviction for the engine: scores in, tokens out, moved keys re-rotated once.
+"""Drives cache eviction for the engine: scores in, tokens out, keys re-rotated where positions rebase.
 
 What a step loop calls, in order (this interface is kept stable; eviction during chunked prefill
 uses the same calls on every chunk):
@@ -38,17 +38,33 @@ class SequenceEviction:
     # In-kernel rotations wait for the sequence's next step and are sent exactly once.
     pending: list[list[LayerRotation]] = field(default_factory=list)
     window_protected: bool = False  # the prompt's scoring window is marked to stay
+    # RoPE positions: those of the tokens the last eviction kept, per layer (their keys' phases),
+    # and for every later token its cache index + shift. Without a rebase a token keeps the
+    # position it was computed at; a rebase re-rotates every key onto 0, 1, 2, ... (shift 0).
+    positions: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
+    shift: int = 0
+
+    def kept_positions(self, plan: EvictionPlan) -> np.ndarray:
+        """[layers, kept]: the positions the kept tokens' keys carry now."""
+        layers, n = len(plan.keep), plan.num_cached
+        k = self.positions.shape[1]
+        known = self.positions if k else np.zeros((layers, 0), dtype=np.int64)
+        later = np.broadcast_to(np.arange(k, n) + self.shift, (layers, n - k))
+        return np.concatenate([known, later], axis=1)[np.arange(layers)[:, None], np.stack(plan.keep)]
 
 
 class Evictor:
     def __init__(self, config: CacheEvictionConfig, model: ModelSpec, blocks: BlockManager,
-                 cache: KVCache, in_kernel: bool) -> None:
+                 cache: KVCache, in_kernel: bool, max_step_tokens: int) -> None:
         if model.has_sliding_windows:
             # The kernel's window counts cached tokens, which eviction compacts: a windowed layer
             # would then see further back than the model was trained to.
             raise ValueError("cache eviction does not work with sliding-window attention models "
                              f"({model.architecture}); run without --cache-eviction")
         self.config, self.model, self.blocks, self.in_kernel = config, model, blocks, in_kernel
+        # A sequence grows by at most a block and a step between two evictions: the positions
+        # it may still take before the next one, and rebase after.
+        self.headroom = blocks.block_size + max_step_tokens
         self.table = self.host = self._cannot_rotate = None
         inv_freq = None
         try:
@@ -65,8 +81,8 @@ class Evictor:
             self.compactor, self._cannot_compact = None, e
         self._check(config)
         self.num_evicted_blocks = 0  # block-table entries freed, summed over layers
-        self.num_rotated_blocks = 0  # blocks re-rotated (token policy: blocks' worth of moved keys)
-        self.num_moved_tokens = 0  # tokens moved and re-rotated (token policy), summed over layers
+        self.num_rotated_blocks = 0  # blocks re-rotated (token policy: blocks' worth of rotated keys)
+        self.num_moved_tokens = 0  # tokens moved or re-rotated (token policy), summed over layers
 
     def new_sequence(self, overrides: dict | None) -> SequenceEviction | None:
         """Eviction state for a request, with its overrides of the server's settings (or None)."""
@@ -91,18 +107,26 @@ class Evictor:
         return ev.state.config.max_cache_size + ev.state.block_size - seq.num_cached_tokens - 1
 
     @staticmethod
+    def first_position(seq: Sequence, ev: SequenceEviction | None) -> int | None:
+        """The RoPE position of seq's next token (None: its cache length, no eviction): after an
+        eviction that kept positions, new tokens go on from where the sequence was."""
+        return None if ev is None else seq.num_cached_tokens + ev.shift
+
+    @staticmethod
     def score_window(ev: SequenceEviction | None, seq: Sequence, num_tokens: int, samples: bool) -> int:
         """Queries of a chunk of `num_tokens` starting at seq.num_computed_tokens whose scores
         count: in decode the step's tokens (proposals too: rejected ones' attention to earlier
-        keys counts); in the prompt (or a recomputation after preemption) those among the last
-        snapkv_window tokens before the first sample, so a window split over two chunks is scored
-        whole, and with during_prefill every chunk's own last snapkv_window."""
+        keys counts); in the prompt those among the last snapkv_window tokens before the first
+        sample, so a window split over two chunks is scored whole, and with during_prefill every
+        chunk's own last snapkv_window; so too every chunk recomputing generated tokens after a
+        preemption (evicting as their decode steps did: such a sequence may be longer than the
+        context)."""
         if ev is None:
             return 0
         window = ev.state.config.snapkv_window
         if seq.is_decoding:
             return min(window, num_tokens) if samples else 0
-        if ev.state.config.during_prefill:
+        if ev.state.config.during_prefill or seq.num_computed_tokens >= len(seq.prompt_token_ids):
             return min(window, num_tokens)
         end = seq.num_computed_tokens + num_tokens
         return max(0, min(num_tokens, end - (seq.num_known_tokens - window)))
@@ -132,12 +156,29 @@ class Evictor:
         plan = ev.state.plan(n, distinct)
         if plan is None:
             return
-        if plan.whole_blocks:
+        kept, k = ev.kept_positions(plan), len(plan.keep[0])
+        next_position = n + ev.shift
+        if plan.whole_blocks:  # openvino-genai's policies rebase (rotate) at every eviction
             self._drop_blocks(seq, ev, plan)
+            rebase = cfg.rotation
         else:
-            self._compact(seq, plan, cfg.rotation)
-        seq.num_evicted_tokens += n - len(plan.keep[0])
+            rebase = cfg.rotation and self.must_rebase(next_position)
+            self._compact(seq, plan, kept - np.arange(k) if rebase else None)
+        seq.num_evicted_tokens += n - k
         ev.state.retain(plan)
+        ev.positions = np.broadcast_to(np.arange(k), kept.shape) if rebase else kept
+        ev.shift = 0 if rebase else next_position - k
+
+    def must_rebase(self, next_position: int) -> bool:
+        """Token policy: kept keys stay at the positions they were computed at (which kept more on
+        retrieval than packing them together, docs/eviction.md) until the positions would run past
+        the model's context; then all are re-rotated onto 0, 1, 2, ... and the sequence goes on."""
+        return next_position + self.headroom > self.model.max_context
+
+    def rebases(self, ev: SequenceEviction | None) -> bool:
+        """Whether the sequence's positions stay inside the context however long it runs."""
+        return (ev is not None and ev.state.config.rotation
+                and ev.state.config.max_cache_size + self.headroom <= self.model.max_context)
 
     def _distinct(self, seq: Sequence, n: int) -> np.ndarray:
         """[layers, n]: minus each key's cosine to its layer's mean key, averaged over KV heads."""
@@ -151,13 +192,13 @@ class Evictor:
             out.append(-(unit * mean).sum(axis=-1).mean(axis=1))
         return np.stack(out)
 
-    def _compact(self, seq: Sequence, plan: EvictionPlan, rotation: bool) -> None:
+    def _compact(self, seq: Sequence, plan: EvictionPlan, deltas: np.ndarray | None) -> None:
         keep_blocks = self.blocks.blocks_for(len(plan.keep[0]))
         for layer, keep in enumerate(plan.keep):
             table = seq.block_tables[layer]
-            moved = self.compactor.compact(layer, table, keep, rotation)
+            moved = self.compactor.compact(layer, table, keep, None if deltas is None else deltas[layer])
             self.num_moved_tokens += moved
-            if rotation:  # counted in blocks' worth of re-rotated keys, as the block policies count
+            if deltas is not None:  # counted in blocks' worth of re-rotated keys, as the block policies count
                 self.num_rotated_blocks += -(-moved // self.blocks.block_size)
             self.num_evicted_blocks += len(table) - keep_blocks
             self.blocks.drop(layer, table, list(range(keep_blocks, len(table))))
@@ -197,4 +238,5 @@ class Evictor:
         """The sequence's blocks were freed (finish, abort, preemption): its rotations are void."""
         ev.pending = [[] for _ in ev.pending]
         ev.window_protected = False
+        ev.positions, ev.shift = ev.positions[:, :0], 0
         ev.state = EvictionState(ev.state.config, self.model.num_layers, self.blocks.block_size)

@@ -61,7 +61,8 @@ class LLMEngine:
         if evicting:
             config.cache_eviction.validate(paged.block_size)
             self.evictor = Evictor(config.cache_eviction, self.model.config, self.blocks, self.cache,
-                                   in_kernel=options.cache_rotation)
+                                   in_kernel=options.cache_rotation,
+                                   max_step_tokens=config.scheduler.max_num_batched_tokens)
         self.scheduler = Scheduler(config.scheduler, self.blocks)
         # Eviction changes a step's inputs after it ran: it runs one step at a time. Speculation
         # does only in the steps that verify proposals (see Speculator.plan_ahead).
@@ -94,6 +95,12 @@ class LLMEngine:
     def max_context(self) -> int:
         return self.model.config.max_context
 
+    @property
+    def context_unbounded(self) -> bool:
+        """Requests with the server's settings may run past max_context: eviction with rotation
+        keeps their positions inside it."""
+        return self.evictor is not None and self.evictor.rebases(self.evictor.new_sequence(None))
+
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     arrival_time: float | None = None, cache_eviction: dict | None = None,
                     fork_of: str | None = None) -> list[int]:
@@ -109,7 +116,7 @@ class LLMEngine:
         self.check_request(ids, params, eviction)
         seq = Sequence(request_id, ids, params, block_tables=self.blocks.new_tables())
         if eviction is not None and eviction.state.config.during_prefill:
-            seq.most_blocks = self._most_held(len(ids) + params.max_tokens, eviction)
+            seq.most_blocks = self._most_held(len(ids), params.max_tokens, eviction)
         if arrival_time is not None:
             seq.arrival_time = arrival_time
         sampling = SamplingState(params, seq.prompt_token_ids, seq.output_token_ids, self.eos_token_ids,
@@ -148,21 +155,29 @@ class LLMEngine:
         if any(t >= vocab for t, _ in params.logit_bias):
             raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
         total = len(ids) + params.max_tokens
-        if total > self.max_context:
+        within = total  # positions the sequence takes before anything can rebase them
+        if self.evictor is not None and self.evictor.rebases(eviction):
+            # evicting with rotation, positions rebase before they leave the context: from the
+            # first prompt chunk on with during_prefill, else once the prompt is in
+            within = 0 if eviction.state.config.during_prefill else len(ids)
+        if within > self.max_context:
             raise ValueError(f"this model's maximum context length is {self.max_context} tokens; the prompt "
                              f"has {len(ids)} and max_tokens is {params.max_tokens} ({total} in all)")
-        held = self._most_held(total, eviction)
+        held = self._most_held(len(ids), params.max_tokens, eviction)
         if held > self.blocks.num_blocks:
             raise ValueError(f"the request needs {total} tokens of KV cache, {held} blocks of "
                              f"{self.blocks.block_size}; the cache holds {self.blocks.num_blocks}")
 
-    def _most_held(self, num_tokens: int, eviction: SequenceEviction | None) -> int:
-        """Blocks a request of `num_tokens` tokens holds at most at once."""
+    def _most_held(self, prompt_len: int, max_tokens: int, eviction: SequenceEviction | None) -> int:
+        """Blocks a request holds at most at once."""
         step = self.config.scheduler.max_num_batched_tokens
-        held = self.blocks.most_held(num_tokens, step)
-        if eviction is not None and eviction.state.config.during_prefill:
-            # evicted back to the budget (and the block being filled) after every step
+        held = self.blocks.most_held(prompt_len + max_tokens, step)
+        if eviction is not None:
+            # evicted back to the budget (and the block being filled) after every step: from the
+            # first prompt chunk on with during_prefill, else once the prompt is in
             bound = eviction.state.config.max_cache_size + self.blocks.block_size - 1 + step
+            if not eviction.state.config.during_prefill:
+                bound = max(bound, prompt_len + step)
             held = min(held, self.blocks.blocks_for(bound))
         return held
 
@@ -296,8 +311,11 @@ class LLMEngine:
             req = self._requests[seq.request_id]
             if seq.is_decoding and req.prompt_logprobs is None:
                 seqs.append(seq)
-                left = min(seq.params.max_tokens - len(seq.output_token_ids), self.max_context - seq.num_tokens)
-                room.append(left if req.eviction is None else min(left, Evictor.room(seq, req.eviction)))
+                left = seq.params.max_tokens - len(seq.output_token_ids)
+                if req.eviction is None:
+                    room.append(min(left, self.max_context - seq.num_tokens))
+                else:  # eviction keeps its positions inside the context (or the request fits in it)
+                    room.append(min(left, Evictor.room(seq, req.eviction)))
         return seqs, room
 
     def _append_picks(self, rows: np.ndarray, sampling: list[SamplingRow],

@@ -47,9 +47,6 @@ def chunk(s: ScheduledSequence, req: RequestState) -> ScheduledChunk:
     step in flight is still sampling, then its proposals) and where its KV lives."""
     seq, ev = s.seq, req.eviction
     start = seq.num_computed_tokens
-    # Without rotation, kept keys stay at their original positions, so new tokens do too;
-    # with it (or without eviction) positions are the compacted cache positions.
-    first_position = start if ev is not None and not ev.state.config.rotation else None
     wanted = 1 + s.num_drafts if s.samples else 0
     if req.prompt_logprobs is not None:
         wanted = req.prompt_logprobs.logits_wanted(start, s.num_tokens, s.samples)
@@ -59,7 +56,7 @@ def chunk(s: ScheduledSequence, req: RequestState) -> ScheduledChunk:
         tokens = tokens + [-1]
     if s.num_drafts:
         tokens = tokens + seq.draft_token_ids
-    return ScheduledChunk(tokens, seq.num_cached_tokens, seq.block_tables, wanted, first_position,
+    return ScheduledChunk(tokens, seq.num_cached_tokens, seq.block_tables, wanted, Evictor.first_position(seq, ev),
                           Evictor.score_window(ev, seq, s.num_tokens, s.samples))
 
 

@@ -84,7 +84,10 @@ class Serving:
             logprobs = 0 if logprobs is None else logprobs  # choices are ranked by their logprob
         stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
         base, model = SamplingParams(), self.generation_defaults
-        remaining = max(1, self.engine.max_context - prompt_len)
+        # What the context leaves; a prompt longer than the context (evicting with rotation during
+        # prefill, else refused) gets a context's worth.
+        remaining = self.engine.max_context - prompt_len if prompt_len < self.engine.max_context \
+            else self.engine.max_context
         try:
             bias = tuple((int(t), b) for t, b in (req.logit_bias or {}).items())
         except ValueError as e:

@@ -35,6 +35,8 @@ async def create_message(body: MessagesRequest, raw: Request, serving: Serving =
         # As Anthropic's API does, max_tokens may exceed what the context leaves: the reply then
         # ends at the context's end, with stop_reason model_context_window_exceeded.
         room = max(1, serving.engine.max_context - len(prepared.prompt))
+        if serving.engine.context_unbounded:  # evicting with rotation: no context's end to reach
+            room = body.max_tokens
         params = replace(prepared.params, max_tokens=min(body.max_tokens, room))
         streams = serving.admit([prepared.prompt], params, "messages")
     except APIError as e:
