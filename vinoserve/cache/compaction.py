@@ -4,8 +4,9 @@ After a token-granular plan, the tokens a layer keeps are scattered over its blo
 moved, in order, to the front of the layer's block table (the blocks past the last one filled are
 then freed), and where positions are rebased each key is re-rotated by its own shift: a key
 carrying position p, now at q, carries the phase of q (per-token deltas, rows of a one-token-step
-table). Only blocks from the first moved or rotated token on are rewritten. Everything runs on the host, at any cache
-precision: keys through their codec (quantized ones requantized with fresh parameters), values
+table). Only blocks from the first moved or rotated token on are rewritten. Everything runs on
+the host, at any cache precision: keys through their codec (quantized ones requantized with fresh
+parameters), values
 row by row in their stored form (every value layout the CPU plugin has is per token: a row holds
 its own quantization parameters).
 """

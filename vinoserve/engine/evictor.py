@@ -38,19 +38,17 @@ class SequenceEviction:
     # In-kernel rotations wait for the sequence's next step and are sent exactly once.
     pending: list[list[LayerRotation]] = field(default_factory=list)
     window_protected: bool = False  # the prompt's scoring window is marked to stay
-    # RoPE positions: those of the tokens the last eviction kept, per layer (their keys' phases),
-    # and for every later token its cache index + shift. Without a rebase a token keeps the
-    # position it was computed at; a rebase re-rotates every key onto 0, 1, 2, ... (shift 0).
+    # RoPE positions [layers, K] of the first K cached tokens where the last eviction kept them
+    # where they were computed; every later token (all of them after a rebase, K = 0) sits at its
+    # cache index + shift.
     positions: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
     shift: int = 0
 
     def kept_positions(self, plan: EvictionPlan) -> np.ndarray:
         """[layers, kept]: the positions the kept tokens' keys carry now."""
-        layers, n = len(plan.keep), plan.num_cached
-        k = self.positions.shape[1]
-        known = self.positions if k else np.zeros((layers, 0), dtype=np.int64)
+        layers, n, k = len(plan.keep), plan.num_cached, self.positions.shape[1]
         later = np.broadcast_to(np.arange(k, n) + self.shift, (layers, n - k))
-        return np.concatenate([known, later], axis=1)[np.arange(layers)[:, None], np.stack(plan.keep)]
+        return np.concatenate([self.positions, later], axis=1)[np.arange(layers)[:, None], np.stack(plan.keep)]
 
 
 class Evictor:
@@ -92,7 +90,8 @@ class Evictor:
         cfg = self.config.with_overrides(overrides, self.blocks.block_size)
         self._check(cfg)
         layers = self.model.num_layers
-        return SequenceEviction(EvictionState(cfg, layers, self.blocks.block_size), [[] for _ in range(layers)])
+        return SequenceEviction(EvictionState(cfg, layers, self.blocks.block_size), [[] for _ in range(layers)],
+                                positions=np.zeros((layers, 0), dtype=np.int64))
 
     def _check(self, cfg: CacheEvictionConfig) -> None:
         if cfg.rotation and self._cannot_rotate is not None:
@@ -147,9 +146,10 @@ class Evictor:
 
     def evict_if_full(self, seq: Sequence, ev: SequenceEviction) -> None:
         n, cfg = seq.num_cached_tokens, ev.state.config
-        if not cfg.during_prefill and seq.num_computed_tokens < len(seq.prompt_token_ids):
-            return  # mid-prompt: the prompt's scoring window is not all in yet
-        if cfg.protect_window and not ev.window_protected and seq.num_computed_tokens >= len(seq.prompt_token_ids):
+        mid_prompt = seq.num_computed_tokens < len(seq.prompt_token_ids)
+        if not cfg.during_prefill and mid_prompt:
+            return  # the prompt's scoring window is not all in yet
+        if cfg.protect_window and not ev.window_protected and not mid_prompt:
             ev.state.protect_last(n, min(cfg.snapkv_window, n))  # right after the prompt: its last tokens
             ev.window_protected = True
         distinct = self._distinct(seq, n) if cfg.diversity and n >= cfg.max_cache_size + self.blocks.block_size else None
@@ -162,12 +162,11 @@ class Evictor:
             self._drop_blocks(seq, ev, plan)
             rebase = cfg.rotation
         else:
-            mid_prompt = seq.num_computed_tokens < len(seq.prompt_token_ids)
             rebase = cfg.rotation and (mid_prompt or self.must_rebase(next_position))
             self._compact(seq, plan, kept - np.arange(k) if rebase else None)
         seq.num_evicted_tokens += n - k
         ev.state.retain(plan)
-        ev.positions = np.broadcast_to(np.arange(k), kept.shape) if rebase else kept
+        ev.positions = kept[:, :0] if rebase else kept
         ev.shift = 0 if rebase else next_position - k
 
     def must_rebase(self, next_position: int) -> bool:
@@ -178,10 +177,10 @@ class Evictor:
         dense past, as in training (8K needles at 2,048: 3/3 rebased, 0/3 kept; docs/eviction.md)."""
         return next_position + self.headroom > self.model.max_context
 
-    def rebases(self, ev: SequenceEviction | None) -> bool:
-        """Whether the sequence's positions stay inside the context however long it runs."""
-        return (ev is not None and ev.state.config.rotation
-                and ev.state.config.max_cache_size + self.headroom <= self.model.max_context)
+    def rebases(self, cfg: CacheEvictionConfig) -> bool:
+        """Whether a sequence evicting with `cfg` keeps its positions inside the context however
+        long it runs."""
+        return cfg.rotation and cfg.max_cache_size + self.headroom <= self.model.max_context
 
     def _distinct(self, seq: Sequence, n: int) -> np.ndarray:
         """[layers, n]: minus each key's cosine to its layer's mean key, averaged over KV heads."""

@@ -99,7 +99,7 @@ class LLMEngine:
     def context_unbounded(self) -> bool:
         """Requests with the server's settings may run past max_context: eviction with rotation
         keeps their positions inside it."""
-        return self.evictor is not None and self.evictor.rebases(self.evictor.new_sequence(None))
+        return self.evictor is not None and self.evictor.rebases(self.evictor.config)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     arrival_time: float | None = None, cache_eviction: dict | None = None,
@@ -156,7 +156,7 @@ class LLMEngine:
             raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
         total = len(ids) + params.max_tokens
         within = total  # positions the sequence takes before anything can rebase them
-        if self.evictor is not None and self.evictor.rebases(eviction):
+        if eviction is not None and self.evictor.rebases(eviction.state.config):
             # evicting with rotation, positions rebase before they leave the context: from the
             # first prompt chunk on with during_prefill, else once the prompt is in
             within = 0 if eviction.state.config.during_prefill else len(ids)
