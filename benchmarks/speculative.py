@@ -131,14 +131,17 @@ def main() -> None:
     ap.add_argument("--workload", default="copy", help="copy, quote, extract, agent, free, random, or several comma-separated")
     ap.add_argument("--streams", default="1,4", help="concurrent requests, comma-separated")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--samples", type=int, default=1,
+                    help="at streams=1: this many different prompts of the workload, run one after another "
+                         "(one prompt's reply is one sample of how much a model copies)")
     ap.add_argument("--out", type=int, default=256, help="max tokens per request")
     ap.add_argument("--input-len", type=int, default=256, help="random workload: prompt tokens")
     ap.add_argument("--chars", type=int, default=1500, help="copy workload: source characters per prompt")
     ap.add_argument("--model", default=None, help="default: the built-in model")
     ap.add_argument("--weight-format", default="f16")
     ap.add_argument("--inference-precision", default=None)
-    ap.add_argument("--spec", default='{"method": "ngram", "num_speculative_tokens": 4}',
-                    help="--speculative-config JSON for the speculating engine (a draft \"model\": \"default\" "
+    ap.add_argument("--spec", default='{"method": "ngram"}',
+                    help="--speculative-config JSON for the speculating engine (default: the server's; a draft \"model\": \"default\" "
                          "is the target's model)")
     ap.add_argument("--budget", type=int, default=256, help="max_num_batched_tokens")
     ap.add_argument("--llamacpp", action="store_true", help="llama.cpp's single-stream figure beside ours")
@@ -162,26 +165,29 @@ def main() -> None:
     for workload in args.workload.split(","):
         params = SamplingParams(max_tokens=args.out, temperature=0, ignore_eos=workload == "random")
         for streams in (int(s) for s in args.streams.split(",")):
-            prompts = {"copy": lambda: copy_prompts(engines["plain"], streams, args.chars),
-                       "free": lambda: free_prompts(engines["plain"], streams),
-                       "quote": lambda: quote_prompts(engines["plain"], streams, args.chars),
-                       "extract": lambda: extract_prompts(engines["plain"], streams, args.chars),
-                       "agent": lambda: agent_prompts(engines["plain"], streams, args.chars),
-                       "random": lambda: random_prompts(engines["plain"], streams, args.input_len)}[workload]()
-            print(f"{workload} streams={streams}: " + measure(engines, prompts, params, args.repeats,
-                                                               llama if streams == 1 else None))
+            n = args.samples if streams == 1 else streams
+            prompts = {"copy": lambda: copy_prompts(engines["plain"], n, args.chars),
+                       "free": lambda: free_prompts(engines["plain"], n),
+                       "quote": lambda: quote_prompts(engines["plain"], n, args.chars),
+                       "extract": lambda: extract_prompts(engines["plain"], n, args.chars),
+                       "agent": lambda: agent_prompts(engines["plain"], n, args.chars),
+                       "random": lambda: random_prompts(engines["plain"], n, args.input_len)}[workload]()
+            batches = [[p] for p in prompts] if streams == 1 else [prompts]
+            print(f"{workload} streams={streams}" + (f" x {n} prompts" if streams == 1 and n > 1 else "") + ": "
+                  + measure(engines, batches, params, args.repeats, llama if streams == 1 else None))
 
 
-def measure(engines: dict[str, LLMEngine], prompts: list[list[int]], params: SamplingParams, repeats: int,
+def measure(engines: dict[str, LLMEngine], batches: list[list[list[int]]], params: SamplingParams, repeats: int,
             llama=None) -> str:
-    """Both engines (and llama.cpp, one prompt) alternating run by run; the figures as a line."""
+    """Both engines (and llama.cpp, single prompts) alternating run by run, each run every batch
+    of prompts in turn (the prompts of a batch arrive together); the figures as a line."""
     for engine in engines.values():  # warm up
-        run(engine, prompts[:1], replace(params, max_tokens=4))
+        run(engine, batches[0][:1], replace(params, max_tokens=4))
     rates: dict[str, list[float]] = {name: [] for name in engines}
     before = replace(engines["spec"].speculator.stats)
     for _ in range(repeats):
         for name, engine in engines.items():
-            seconds, tokens = run(engine, prompts, params)
+            seconds, tokens = map(sum, zip(*(run(engine, batch, params) for batch in batches)))
             rates[name].append(tokens / seconds)
     s = engines["spec"].speculator.stats
     drafts, proposed, accepted = (s.num_drafts - before.num_drafts, s.num_draft_tokens - before.num_draft_tokens,
@@ -192,8 +198,9 @@ def measure(engines: dict[str, LLMEngine], prompts: list[list[int]], params: Sam
             f"tokens proposed {proposed}, accepted {accepted} ({accepted / max(proposed, 1):.0%}), "
             f"mean acceptance length {1 + accepted / max(drafts, 1):.2f}")
     if llama is not None:  # generated tokens per second, prompt included, as `run` counts ours
-        timings = [llama.generate(prompts[0], params.max_tokens) for _ in range(repeats)]
-        line += f"; llama.cpp {statistics.median(t.output_tokens / (t.ttft_s + t.decode_s) for t in timings):.1f} tok/s"
+        rounds = [[llama.generate(batch[0], params.max_tokens) for batch in batches] for _ in range(repeats)]
+        rate = statistics.median(sum(t.output_tokens for t in r) / sum(t.ttft_s + t.decode_s for t in r) for r in rounds)
+        line += f"; llama.cpp {rate:.1f} tok/s"
     return line
 
 
