@@ -70,6 +70,20 @@ def test_proposals_are_made_while_they_pay_for_their_share_of_the_step():
     assert [fresh.budget([4], [0.9]) for _ in range(4)] == [[4], [0], [2], [4]]
 
 
+def test_proposals_keep_a_step_on_the_fast_compilation():
+    """With a decode model, steps of up to 16 tokens run on it: proposals fill a step up to that
+    size and do not push it past; a step already past it (many sequences) is not capped."""
+    spec = Speculator(SpeculativeConfig(disable_by_batch_size=64), fast_step_tokens=16)
+    for n in (1, 2, 4, 8, 16, 32):
+        spec.cost.observe(n, 0.020 + 0.001 * n)
+    assert spec.budget([8], [0.95]) == [8]
+    assert sum(spec.budget([8] * 4, [0.95] * 4)) == 12
+    assert spec.budget([8] * 2, [0.95, 0.95]) == [7, 7]
+    uncapped = Speculator(SpeculativeConfig(disable_by_batch_size=64))
+    uncapped.cost = spec.cost
+    assert spec.budget([8] * 20, [0.99] * 20) == uncapped.budget([8] * 20, [0.99] * 20) != [0] * 20
+
+
 def test_speculating_must_beat_the_overlapped_plain_step():
     """A step that verifies proposals runs alone; a plain one hides its host work behind the step
     before. Proposals are made only where the verifying step still yields more tokens per second

@@ -66,7 +66,7 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
                         "between two steps (default: on; speculation and cache eviction run one at a time)")
     p.add_argument("--speculative-config", type=_speculative_config, default=None, metavar="JSON|off",
                    help='speculative decoding, as vLLM names it. Default: prompt lookup, \'{"method": "ngram", '
-                        '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\', which '
+                        '"num_speculative_tokens": 8, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\', which '
                         'proposes only where a sequence repeats its context and verifying pays; or \'{"method": '
                         '"draft_model", "model": PATH, "num_speculative_tokens": 4}\'; "off": none. No proposals '
                         'while more than "disable_by_batch_size" (default 8) sequences decode')
