@@ -6,7 +6,8 @@ largest SnapKV window of the settings); each setting (a fork) then gets its own 
 blocks in every layer, computes the tail with its own score window, evicts and decodes greedily,
 all forks batched in one step. The steps use the engine's own parts and fields exactly as its
 step loop does (runner, block manager, Evictor calls, ScheduledChunk fields), so a fork's tokens
-are the tokens LLMEngine generates for the same prompt and setting: a test checks that at f32.
+are the tokens LLMEngine generates for the same prompt and setting without speculation: a test
+checks that at f32.
 A 4K prefill takes about 20 s on 2 busy cores; a fork's tail and 30 decode steps, about 2 s.
 """
 from __future__ import annotations
