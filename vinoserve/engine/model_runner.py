@@ -102,6 +102,8 @@ class ModelRunner:
         # both over the same cache: a step goes to one of them by its token count.
         self._inputs = [self._bind(model.compiled, cache) for _ in range(num_requests)]
         self._decode_inputs = [self._bind(model.decode, cache) for _ in range(num_requests)] if model.decode else None
+        # Steps of at most this many tokens run on the decode model (None: there is none).
+        self.fast_step_tokens = decode_model.MAX_TOKENS if model.decode else None
         self._turn = 0
         self._num_layers = model.facts.num_layers
         self._has_scores = model.options.score_outputs
@@ -151,7 +153,7 @@ class ModelRunner:
         if self._has_rotation:
             self._rotation_inputs(rotation, inputs)
 
-        use_decode = self._decode_inputs is not None and total <= decode_model.MAX_TOKENS
+        use_decode = self.fast_step_tokens is not None and total <= self.fast_step_tokens
         bound = (self._decode_inputs if use_decode else self._inputs)[self._turn]
         self._turn = (self._turn + 1) % len(self._inputs)
         inputs = bound.write(inputs)
