@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     _compile_args(srv)
     _generation_args(srv)
     add_serve_arguments(srv)
+    from vinoserve.scale.cli import add_scale_arguments
+
+    add_scale_arguments(srv)
     from vinoserve.chat import add_chat_arguments
 
     chat = sub.add_parser("chat", help="chat in the terminal, with a model run here or any OpenAI server (--url)")

@@ -8,7 +8,6 @@ import signal
 import uvicorn
 
 from vinoserve.engine.llm_engine import EngineConfig
-from vinoserve.scale.router import POLICIES
 from vinoserve.scheduler.scheduler import SchedulerConfig
 from vinoserve.server.app import ServerConfig, create_app
 from vinoserve.server import reasoning, tools
@@ -59,13 +58,6 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds SIGTERM waits for in-flight requests to finish")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-    p.add_argument("--replicas", type=int, default=1,
-                   help="engine processes, each pinned to its own share of the cores (its own NUMA node where "
-                        "there are several), behind SGLang's router on --host/--port (pip install "
-                        "'vinoserve[scale]'); 1 (default): this process serves alone")
-    p.add_argument("--router-policy", choices=tuple(POLICIES), default="cache-aware",
-                   help="with --replicas: how the router picks a replica (default: cache-aware, the one that "
-                        "holds the longest prefix of the request)")
 
 
 def serve(args: argparse.Namespace, engine: EngineConfig) -> int:
