@@ -25,7 +25,7 @@ import numpy as np
 
 from vinoserve.bench.client import Target, run
 from vinoserve.bench.metrics import summarize
-from vinoserve.bench.soak import launch_server, stop_server
+from vinoserve.bench.server_process import launch_server, stop_server
 from vinoserve.bench.workloads import random_workload
 
 MODEL = "smollm2-135m-instruct"

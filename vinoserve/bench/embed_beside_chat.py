@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 
 from vinoserve.bench.embed_inputs import default_model_dir, texts_of_tokens
-from vinoserve.bench.soak import launch_server, stop_server
+from vinoserve.bench.server_process import launch_server, stop_server
 from vinoserve.model.encoders.model import display_name
 
 STREAMS, EMBED_CLIENTS = 4, 32

@@ -13,7 +13,6 @@ import json
 import random
 import re
 import shlex
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+from vinoserve.bench.server_process import launch_server, rss_mb, stop_server
 from vinoserve.bench.workloads import _english_words
 
 # A disconnect is one of these, chosen uniformly.
@@ -225,18 +225,6 @@ class Soak:
         return time.monotonic() - start
 
 
-def _rss_mb(pid: int | None) -> float | None:
-    if pid is None:
-        return None
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
 def run_soak(base_url: str, model: str, config: SoakConfig, pid: int | None = None,
              log_path: Path | None = None, api_key: str | None = None, progress=None) -> dict:
     soak = Soak(base_url, model, config, api_key)
@@ -251,7 +239,7 @@ def run_soak(base_url: str, model: str, config: SoakConfig, pid: int | None = No
 
             async def sample(t: float) -> None:
                 m = await scrape(client)
-                samples.append({"t_s": round(t, 1), "done": soak.tally.done, "rss_mb": _rss_mb(pid),
+                samples.append({"t_s": round(t, 1), "done": soak.tally.done, "rss_mb": rss_mb(pid),
                                 "running": m.get("vllm:num_requests_running"),
                                 "kv_usage": m.get("vllm:kv_cache_usage_perc")})
                 if progress:
@@ -379,37 +367,3 @@ def main(args: argparse.Namespace) -> int:
 
 def _auth(key: str | None) -> dict:
     return {"Authorization": f"Bearer {key}"} if key else {}
-
-
-def launch_server(serve_args: list[str], log_file: Path, timeout: float = 300.0) -> tuple[subprocess.Popen, str]:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    log = open(log_file, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "vinoserve.cli", "serve", "--port", str(port), *serve_args],
-                            stdout=log, stderr=subprocess.STDOUT)
-    log.close()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}; see {log_file}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    stop_server(proc)
-    raise TimeoutError(f"the server was not healthy within {timeout:.0f} s; see {log_file}")
-
-
-def stop_server(proc: subprocess.Popen) -> int:
-    proc.terminate()
-    try:
-        return proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
