@@ -69,9 +69,9 @@ def test_decode_model_stays_off_where_it_cannot_help(q4_0, monkeypatch):
     model = compile_paged(build_model(q4_0.config, q4_0.tensor, "auto"),
                           CompileOptions(inference_precision="f32", kv_cache_precision="f32"))
     assert model.decode is None and model.options.decode_model is False
-    # weights above a fifth of the memory keep it off (a server has better use for that memory)
+    # a packed copy above a quarter of the memory keeps it off (a server has better use for that memory)
     graph = build_model(q4_0.config, q4_0.tensor, "auto")
-    assert 0 < decode_model.weight_bytes(graph) < 2**24
+    assert 0 < decode_model.packed_copy_bytes(graph) < 2**24
     monkeypatch.setattr(decode_model, "MEMORY_SHARE", 0.0)
     assert not decode_model.wanted(None, graph)
     # a KV precision the two compilations cannot share keeps it off, or is refused when it is forced
@@ -80,6 +80,20 @@ def test_decode_model_stays_off_where_it_cannot_help(q4_0, monkeypatch):
     with pytest.raises(ModelLoadError, match="decode model shares a u8 KV cache"):
         compile_paged(build_model(q4_0.config, q4_0.tensor, "auto"),
                       CompileOptions(kv_cache_precision="f16", decode_model=True))
+
+
+def test_the_packed_copy_counts_what_the_matmuls_read(tmp_path):
+    """The second copy's size (logged, and what `auto` weighs against memory): every matmul's
+    integers, scales (f16 ones widened to f32) and block offsets; a token table only a Gather
+    reads is not packed, a tied one is (as the LM head's)."""
+    def packed(quant: str, tie: bool) -> int:
+        src = GGUFModel.open(write_gguf(tiny_hf_model("llama", tie=tie), tmp_path / f"{quant}-{tie}.gguf", quant=quant))
+        return decode_model.packed_copy_bytes(build_model(src.config, src.tensor, "auto"))
+
+    # Q4_1 holds the same 4-bit integers as Q4_0 plus an f32 offset per block: more bytes packed
+    assert packed("Q4_1", False) > packed("Q4_0", False) > 0
+    # untied: the table is gathered in place and the LM head packed; tied: the table is the LM head
+    assert packed("Q4_1", True) == packed("Q4_1", False)
 
 
 @pytest.mark.parametrize("flag,value", [("auto", None), ("on", True), ("off", False)])

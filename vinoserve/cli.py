@@ -32,8 +32,8 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
                    help="default: u8 with the decode model, else bf16 where compute runs in bf16 on CPU, "
                         "else the device's choice")
     p.add_argument("--decode-model", choices=("auto", "on", "off"), default="auto",
-                   help="auto: on AMX CPUs computing in bf16, with low-bit weights of at most a fifth of the "
-                        "memory, steps of up to 3 tokens run on a second compilation (f32, int8 activations): faster "
+                   help="auto: on AMX CPUs computing in bf16, with low-bit weights whose two packed copies fit in "
+                        "half the memory, steps of up to 16 tokens run on a second compilation (f32, int8 activations): faster "
                         "single-stream decode for a second packed copy of the weights; the KV cache is then u8. "
                         "on: on any CPU, whatever the weights' size")
     p.add_argument("--dynamic-quantization-group-size", type=int, default=None, metavar="N",

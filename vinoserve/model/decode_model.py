@@ -11,10 +11,10 @@ Q4_0 `auto`, decode `infer()`: 73 ms against 95 at one sequence (docs/performanc
 So the same graph is compiled twice and the runner sends each step to one of them by its token
 count. Both write one KV cache, which fixes its precision: an f32 kernel reads f32 or u8 blocks, a
 bf16 one bf16 or u8, so the cache is u8. The cost is a second packed copy of the weights (1.5B
-Q4_0: +1.0 GiB resident), so `auto` takes it only where that copy is small beside the machine's
-memory (or the container's limit): a server whose weights are a large share of memory has better
-use for it (KV cache), and there several sequences decode at once, where the decode model does not
-run anyway.
+Q4_0: +1.0 GiB resident), so `auto` takes it only where both copies fit in half the machine's
+memory (or the container's limit): a server whose weights are a larger share has better use for
+it (KV cache), and there several sequences decode at once, where the decode model does not run
+anyway.
 """
 from __future__ import annotations
 
@@ -32,11 +32,13 @@ from vinoserve.model.errors import ModelLoadError
 # to 24 tokens (1.5B Q4_0: 121 against 195 ms at 5, 186 against 226 at 16), behind at 32 (135M).
 MAX_TOKENS = 16
 KV_PRECISION = "u8"
-# `auto` takes the decode model when the weights are at most this share of the memory: on 24 GiB,
-# up to 8B-sized 4-bit models (3.9 GB; decode 1.48x llama.cpp with it, 1.19x without), on 16 GiB up
-# to 3B. The second copy then costs at most a fifth of memory beside the KV cache's quarter.
-MEMORY_SHARE = 0.2
+# `auto` takes the decode model when its packed copy is at most this share of the memory (both
+# copies in half of it): on 24 GiB up to 8B-sized 4-bit models. Measured on an Emerald Rapids
+# (docs/performance-lab-notes.md, 2026-11-27), 8B Q4_K_M (5.6 GiB a copy): decode 0.99x llama.cpp
+# with it, 0.65x without; resident 12.2 against 6.6 GiB.
+MEMORY_SHARE = 0.25
 _LOW_BIT = {ov.Type.u4, ov.Type.i4, ov.Type.u8, ov.Type.i8}
+_WEIGHT_PATH = {"Convert", "Multiply", "Subtract", "Add", "Reshape", "Concat", "Transpose"}
 
 
 def has_low_bit_matmuls(model: ov.Model) -> bool:
@@ -49,21 +51,25 @@ def has_low_bit_matmuls(model: ov.Model) -> bool:
     return False
 
 
-def weight_bytes(model: ov.Model) -> int:
-    return sum(node.get_byte_size() for node in model.get_ordered_ops() if node.get_type_name() == "Constant")
-
-
 def packed_copy_bytes(model: ov.Model) -> int:
-    """About what the decode model's own packed weights take: the low-bit integers as they are and
-    their scales widened to f32 (the plugin's packing, cpu-decode.md section 2)."""
-    total = 0
+    """About what a compilation's packed weights take: the constants every MatMul multiplies by
+    (through their Convert, scale and offset nodes), low-bit integers as they are, f16 scales
+    widened to f32 (the plugin's packing, cpu-decode.md section 2), f32 scales and block offsets
+    as they are. A token table read only by a Gather is read in place, not packed."""
+    total, seen = 0, set()
     for node in model.get_ordered_ops():
-        if node.get_type_name() != "Constant":
+        if node.get_type_name() != "MatMul":
             continue
-        if node.get_element_type() in _LOW_BIT:
-            total += node.get_byte_size()
-        elif node.get_element_type() == ov.Type.f16:  # the groups' scales (float weights have none here)
-            total += 2 * node.get_byte_size()
+        stack = [node.input_value(1).get_node()]
+        while stack:
+            n = stack.pop()
+            if n.get_instance_id() in seen:
+                continue
+            seen.add(n.get_instance_id())
+            if n.get_type_name() == "Constant":
+                total += n.get_byte_size() * (2 if n.get_element_type() == ov.Type.f16 else 1)
+            elif n.get_type_name() in _WEIGHT_PATH:
+                stack.extend(v.get_node() for v in n.input_values())
     return total
 
 
@@ -72,7 +78,7 @@ def wanted(kv_precision: str | None, model: ov.Model) -> bool:
     weights, a KV precision both compilations accept (none asked for, or u8), and memory to spare
     for the second copy."""
     return (kv_precision in (None, KV_PRECISION) and has_low_bit_matmuls(model)
-            and weight_bytes(model) <= MEMORY_SHARE * memory_limit_bytes())
+            and packed_copy_bytes(model) <= MEMORY_SHARE * memory_limit_bytes())
 
 
 def with_shared_cache(options: CompileOptions) -> CompileOptions:
