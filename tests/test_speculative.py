@@ -14,99 +14,15 @@ import pytest
 from test_engine import ARRIVAL_STEPS, GREEDY, PROMPT_LENS, _run_staggered, reference, tiny  # noqa: F401
 from vinoserve.engine.llm import LLM
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
-from vinoserve.engine.ngram_proposer import find_continuation
-from vinoserve.engine.speculative import SpeculativeConfig, Speculator
+from vinoserve.engine.speculative import SpeculativeConfig
 from vinoserve.model.compile_options import CompileOptions
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.scheduler.scheduler import SchedulerConfig
-from vinoserve.scheduler.sequence import Sequence
 
 F32 = CompileOptions(inference_precision="f32", kv_cache_precision="f32")
 # min 1: random prompts repeat single tokens often, so most steps verify something.
 NGRAM = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_max=3, prompt_lookup_min=1,
                           disable_by_batch_size=1024)
-
-
-def _continuation(tokens: list[int], n_min: int = 1, n_max: int = 3, k: int = 4) -> list[int]:
-    return find_continuation(np.array(tokens), n_min, n_max, k).tolist()
-
-
-def test_prompt_lookup_takes_the_longest_then_latest_match():
-    assert _continuation([1, 2, 3, 9, 2, 3, 7, 8, 1, 2, 3]) == [9, 2, 3, 7]  # "1 2 3" beats later "2 3"
-    assert _continuation([5, 1, 6, 1, 7, 1]) == [7, 1]  # the latest "1"; only what follows it
-    assert _continuation([1, 2, 3, 4], n_min=1) == []  # nothing repeats
-    assert _continuation([4, 4, 4, 4], k=2) == [4]  # a match ends before the last token
-    assert _continuation([1, 2, 8, 2, 9, 1, 2], n_min=2) == [8, 2, 9, 1]
-    assert _continuation([1, 2, 8, 2, 9, 1, 2], n_min=2, n_max=2, k=1) == [8]
-
-
-def test_speculative_config_takes_vllm_keys_and_names_bad_ones():
-    c = SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3}')
-    assert (c.num_speculative_tokens, c.prompt_lookup_max, c.prompt_lookup_min) == (5, 3, 2)
-    with pytest.raises(ValueError, match="unknown keys.*num_spec_tokens"):
-        SpeculativeConfig.parse('{"num_spec_tokens": 4}')
-    with pytest.raises(ValueError, match="method"):
-        SpeculativeConfig.parse('{"method": "eagle"}')
-    with pytest.raises(ValueError, match="num_speculative_tokens must be an integer"):
-        SpeculativeConfig.parse('{"num_speculative_tokens": "4"}')
-    with pytest.raises(ValueError, match="prompt_lookup_min"):
-        SpeculativeConfig.parse('{"prompt_lookup_min": 3, "prompt_lookup_max": 2}')
-    with pytest.raises(ValueError, match="needs \"model\""):
-        SpeculativeConfig.parse('{"method": "draft_model"}')
-
-
-def test_proposals_are_made_while_they_pay_for_their_share_of_the_step():
-    weight_bound = Speculator(SpeculativeConfig(disable_by_batch_size=64))
-    compute_bound = Speculator(SpeculativeConfig(disable_by_batch_size=64))
-    for n in (1, 2, 4, 8, 16, 32):
-        weight_bound.cost.observe(n, 0.020 + 0.001 * n)  # reading the weights dominates a step
-        compute_bound.cost.observe(n, 0.001 + 0.002 * n)
-    assert weight_bound.budget([4], [0.9]) == [4]
-    assert weight_bound.budget([4, 4], [0.9, 0.04]) == [4, 0]  # one that keeps failing stops
-    assert weight_bound.budget([2], [0.9]) == [2]  # near max_tokens
-    assert compute_bound.budget([4] * 16, [0.7] * 16) == [0] * 16  # a big batch gains nothing
-    assert 0 < sum(compute_bound.budget([4], [0.9])) < 4
-    fresh = Speculator(SpeculativeConfig())  # no figures yet: k, 0, k/2 in turn, to get some
-    assert [fresh.budget([4], [0.9]) for _ in range(4)] == [[4], [0], [2], [4]]
-
-
-def test_proposals_keep_a_step_on_the_fast_compilation():
-    """With a decode model, steps of up to 16 tokens run on it: proposals fill a step up to that
-    size and do not push it past; a step already past it (many sequences) is not capped."""
-    spec = Speculator(SpeculativeConfig(disable_by_batch_size=64), fast_step_tokens=16)
-    for n in (1, 2, 4, 8, 16, 32):
-        spec.cost.observe(n, 0.020 + 0.001 * n)
-    assert spec.budget([8], [0.95]) == [8]
-    assert sum(spec.budget([8] * 4, [0.95] * 4)) == 12
-    assert spec.budget([8] * 2, [0.95, 0.95]) == [7, 7]
-    uncapped = Speculator(SpeculativeConfig(disable_by_batch_size=64))
-    uncapped.cost = spec.cost
-    assert spec.budget([8] * 20, [0.99] * 20) == uncapped.budget([8] * 20, [0.99] * 20) != [0] * 20
-
-
-def test_speculating_must_beat_the_overlapped_plain_step():
-    """A step that verifies proposals runs alone; a plain one hides its host work behind the step
-    before. Proposals are made only where the verifying step still yields more tokens per second
-    than the overlapped plain one; the next step is planned ahead unless some sequence is likely
-    to get one."""
-    cheap, dear = Speculator(SpeculativeConfig()), Speculator(SpeculativeConfig())
-    for spec, overlapped in ((cheap, 0.022), (dear, 0.012)):
-        for n in (1, 2, 3, 5):
-            spec.cost.observe(n, 0.020 + 0.004 * n)  # alone: 24 ms at one token
-        spec.cost.observe(1, overlapped, overlapped=True)  # the overlap saves 2 ms, or 12
-    assert cheap.budget([4], [0.5]) == [2]  # coin-flip proposals pay: 1.75 tokens in 32 ms > 1 in 22
-    assert dear.budget([4], [0.5]) == [0]  # not against 1 token in 12 ms
-    assert dear.budget([4], [0.95]) == [4]  # a run being copied still does: 4.5 tokens in 40 ms
-    spec = dear
-    seq = Sequence("s", [5, 6, 7, 8, 5, 6], SamplingParams(max_tokens=16))
-    fresh = Sequence("t", [1, 2, 3, 4], SamplingParams(max_tokens=16))
-    assert spec.proposer.may_propose(seq) and not spec.proposer.may_propose(fresh)
-    assert spec.plan_ahead([fresh], [16])  # nothing to look up: plan ahead
-    assert spec.plan_ahead([seq], [16])  # a match, but at its odds (1/2) not worth the overlap
-    spec._acceptance[seq].update(4, 4)
-    spec._acceptance[seq].update(4, 4)
-    assert not spec.plan_ahead([seq], [16])  # a run being copied: wait for the token, then propose
-    assert spec.plan_ahead([seq], [2])  # no room left for a proposal
 
 
 def eager(engine: LLMEngine) -> LLMEngine:
@@ -381,8 +297,7 @@ def test_with_cache_eviction_evictions_come_at_the_same_token_counts(tiny, rotat
 def test_proposals_count_against_the_token_budget_and_never_preempt():
     from vinoserve.cache.block_manager import BlockManager
     from vinoserve.scheduler.scheduler import Scheduler
-    from vinoserve.scheduler.sequence import Sequence
-
+    
     def decoding(sched: Scheduler, rid: str) -> Sequence:
         """A sequence whose 31-token prompt is computed and whose first token was sampled."""
         seq = Sequence(rid, list(range(31)), SamplingParams(max_tokens=50))
