@@ -18,6 +18,7 @@ from vinoserve.engine.speculative import SpeculativeConfig
 from vinoserve.model.compile_options import CompileOptions
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.scheduler.scheduler import SchedulerConfig
+from vinoserve.scheduler.sequence import Sequence
 
 F32 = CompileOptions(inference_precision="f32", kv_cache_precision="f32")
 # min 1: random prompts repeat single tokens often, so most steps verify something.
