@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 
 import httpx
 
 from vinoserve.bench.llamacpp import gguf_path
+from vinoserve.bench.server_process import free_port, memory_mib, stop_server, wait_healthy
 from vinoserve.bench.workloads import stdlib_english
 
 _LLAMA_SERVER = """
@@ -34,49 +32,20 @@ while True:
 """
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rss_mib(pid: int) -> dict[str, int]:
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, value = line.split(":", 1)
-            if key in ("VmRSS", "RssAnon", "RssFile"):
-                out[key] = int(value.split()[0]) // 1024
-    return out
-
-
 def measure(cmd: list[str], port: int, model_name: str, timeout: float = 1200) -> dict[str, int]:
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"{cmd[:4]} exited with {proc.returncode}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("server did not become healthy")
-            time.sleep(0.5)
+        if not wait_healthy(proc, url, timeout):
+            raise SystemExit("server did not become healthy")
         prompt = " ".join(stdlib_english().split()[:200])
         r = httpx.post(f"{url}/v1/completions", timeout=timeout, json={
             "model": model_name, "prompt": prompt, "max_tokens": 32, "temperature": 0, "ignore_eos": True})
         r.raise_for_status()
-        return {**_rss_mib(proc.pid), "prompt_tokens": r.json()["usage"]["prompt_tokens"]}
+        return {**memory_mib(proc.pid, ("VmRSS", "RssAnon", "RssFile")),
+                "prompt_tokens": r.json()["usage"]["prompt_tokens"]}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
 
 
 def main() -> None:
@@ -90,12 +59,12 @@ def main() -> None:
     path = str(gguf_path(args.model))
     rows = {}
     if not args.no_llamacpp:
-        port = _port()
+        port = free_port()
         rows["llama.cpp server (n_ctx 2048)"] = measure([sys.executable, "-c", _LLAMA_SERVER, path, str(port)],
                                                         port, "model")
     for fmt in args.weight_formats.split(","):
         for dm in args.decode_models.split(","):
-            port = _port()
+            port = free_port()
             rows[f"vinoserve {fmt}, --decode-model {dm} (--kv-cache-size {args.kv_cache_size})"] = measure(
                 [sys.executable, "-m", "vinoserve.cli", "serve", "--model", path, "--port", str(port),
                  "--weight-format", fmt, "--decode-model", dm, "--kv-cache-size", args.kv_cache_size,

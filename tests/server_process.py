@@ -4,19 +4,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from vinoserve.bench.server_process import free_port, stop_server, wait_healthy
 
 
 class ServerProcess:
@@ -29,28 +23,14 @@ class ServerProcess:
                                      env={**os.environ, **(env or {})})
 
     def wait_ready(self, timeout: float = 180.0) -> ServerProcess:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError("server did not become healthy")
+        if not wait_healthy(self.proc, self.url, timeout, poll=0.2):
+            raise TimeoutError("server did not become healthy")
+        return self
 
     def terminate(self, timeout: float = 60.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        code = stop_server(self.proc, timeout)
         self.log.close()
-        return self.proc.returncode
+        return code
 
 
 def sse_events(url: str, body: dict, timeout: float = 120) -> list[dict]:
