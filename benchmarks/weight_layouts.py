@@ -21,8 +21,8 @@ import openvino as ov
 import openvino.opset13 as ops
 
 HIDDEN, INTERMEDIATE, GROUP = 1536, 8960, 32
-LAYOUTS = ("i4", "u4", "u4-scalar-zp", "i4+min-correction", "i8", "u8-row-zp", "u4-f16-zp", "u4-u4-zp",
-           "u4-u8-zp", "f16")
+LAYOUTS = ("i4", "u4", "u4-scalar-zp", "i4+min-correction", "i8", "u8-row-zp", "u4-f16-zp", "i4-f16-zp",
+           "u4-u4-zp", "u4-u8-zp", "f16")
 # Not in the default set: `-f32-scale` after i4/u4/i8 (as in "u4-f32-scale+min-correction", Q4_K
 # as `auto` keeps it) makes the scales and the min correction's offsets f32 constants, and the
 # decompression f32 throughout.
@@ -76,6 +76,8 @@ class Builder:
             zp = ops.constant(self.rng.integers(0, 16, (rows, groups, 1), dtype=np.uint8))
         elif layout == "u4-f16-zp":
             return ops.constant((self.rng.random((rows, groups, 1), np.float32) * 15).astype(np.float16)).output(0)
+        elif layout == "i4-f16-zp":  # Q4_K's minimum as a zero point: -min / scale, centred, any sign
+            return ops.constant(((self.rng.random((rows, groups, 1), np.float32) - 0.5) * 15).astype(np.float16)).output(0)
         else:
             return None
         return ops.convert(zp, ov.Type.f16).output(0)

@@ -13,6 +13,7 @@ llama.cpp's own `timings` are printed beside its figures.
     vinoserve bench llamacpp                                   # SmolLM2 Q4_1: llama.cpp, vinoserve auto, f16
     vinoserve bench llamacpp --input-len 512 --output-len 256 --rounds 7
     vinoserve bench llamacpp --model llama-1.5b-q4_0-random    # a real-size model (random_models.py)
+    vinoserve bench llamacpp --model llama-1.5b-q4_0-random,llama-1.5b-q4_k_m-random   # two files, same rounds
 
 From Python (e.g. to put llama.cpp's single stream beside another figure):
 
@@ -230,13 +231,14 @@ def _median_iqr(values: list[float]) -> str:
 
 
 def report(runs: dict[str, list[StreamTiming]], reference: str = LlamaCpp.name) -> list[str]:
-    lines = [f"{'engine':<22}{'decode tok/s':>14}{'prompt tok/s':>14}{'TTFT ms':>10}"
+    width = max(22, *(len(name) + 2 for name in runs))
+    lines = [f"{'engine':<{width}}{'decode tok/s':>14}{'prompt tok/s':>14}{'TTFT ms':>10}"
              f"   decode / {reference}   prompt / {reference}"]
     for name, timings in runs.items():
         decode = statistics.median(t.decode_tok_s for t in timings)
         prompt = statistics.median(t.prompt_tok_s for t in timings)
         ttft = statistics.median(t.ttft_s for t in timings)
-        line = f"{name:<22}{decode:>14.1f}{prompt:>14.1f}{1e3 * ttft:>10.1f}"
+        line = f"{name:<{width}}{decode:>14.1f}{prompt:>14.1f}{1e3 * ttft:>10.1f}"
         if name != reference and reference in runs:
             ref = runs[reference]
             line += (f"   {_median_iqr([t.decode_tok_s / r.decode_tok_s for t, r in zip(timings, ref)]):<24}"
@@ -252,7 +254,8 @@ def report(runs: dict[str, list[StreamTiming]], reference: str = LlamaCpp.name) 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default=default_model.DEFAULT_MODEL.name,
-                    help=f"built-in name, .gguf file, or a random model ({', '.join(random_models.names()[:2])}, ...)")
+                    help=f"built-in name, .gguf file, or a random model ({', '.join(random_models.names()[:2])}, ...); "
+                         "several, comma-separated, to pair them in one run (they must share a tokenizer)")
     ap.add_argument("--weight-formats", default="auto,f16",
                     help="vinoserve's conversions of the GGUF to compare, the server's default first "
                          "(comma-separated: auto, int4, int8, f16, f32)")
@@ -274,26 +277,37 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> None:
-    model = str(gguf_path(args.model)) if args.model not in default_model.BUILTIN_MODELS else args.model
-    prompt = real_text_ids(model, args.input_len)
+    models = [str(gguf_path(m)) if m not in default_model.BUILTIN_MODELS else m for m in args.model.split(",") if m]
+    prompt = real_text_ids(models[0], args.input_len)
+    if any(real_text_ids(m, args.input_len) != prompt for m in models[1:]):
+        raise SystemExit("--model: these models tokenize the prompt differently; compare them in separate runs")
 
     def start(factory, *rest):
         return factory(*rest) if args.same_process else OwnProcess(factory, *rest)
 
-    engines: list = [start(LlamaCpp, model, args.threads, max(4096, args.input_len + args.output_len + 8))]
     groups = [None if g == "default" else int(g) for g in args.dynamic_quantization_group_sizes.split(",")]
-    engines += [start(Vinoserve, model, fmt, args.max_num_batched_tokens, args.kv_cache_precision, args.threads,
-                      args.inference_precision, dm, dq)
-                for fmt in args.weight_formats.split(",") if fmt for dm in args.decode_models.split(",") for dq in groups]
+    by_model: list[list] = []
+    for model in models:
+        engines = [start(LlamaCpp, model, args.threads, max(4096, args.input_len + args.output_len + 8))]
+        engines += [start(Vinoserve, model, fmt, args.max_num_batched_tokens, args.kv_cache_precision, args.threads,
+                          args.inference_precision, dm, dq)
+                    for fmt in args.weight_formats.split(",") if fmt for dm in args.decode_models.split(",")
+                    for dq in groups]
+        if len(models) > 1:  # one run, several files: each engine named by its file
+            for e in engines:
+                e.name = f"{e.name} [{gguf_path(model).stem}]"
+        by_model.append(engines)
     print(f"{args.model}: 1 stream, {args.input_len} prompt tokens, {args.output_len} out, {args.rounds} paired "
           f"rounds, {os.cpu_count()} CPUs, {'one process' if args.same_process else 'a process per engine'}; "
-          f"llama.cpp {gguf_path(model).name} as is")
+          f"llama.cpp {', '.join(gguf_path(m).name for m in models)} as is")
 
     def progress(r: int, last: dict[str, StreamTiming]) -> None:
         print(f"round {r + 1}: " + ", ".join(f"{n} {t.decode_tok_s:.1f}/{t.prompt_tok_s:.0f}" for n, t in last.items())
               + " (decode/prompt tok/s)", flush=True)
 
-    runs = paired_rounds(engines, prompt, args.output_len, args.rounds, progress)
-    print("\n".join(report(runs)))
-    for e in engines:
-        e.close()
+    runs = paired_rounds([e for engines in by_model for e in engines], prompt, args.output_len, args.rounds, progress)
+    for engines in by_model:
+        print("\n".join(report({e.name: runs[e.name] for e in engines}, reference=engines[0].name)))
+    for engines in by_model:
+        for e in engines:
+            e.close()
