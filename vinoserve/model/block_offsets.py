@@ -1,10 +1,12 @@
 """Load-time graph pass: a quantized block's minimum, moved out of the weight into a second product.
 
 GGUF types with a minimum per block (Q4_1, Q5_1, Q4_K, Q5_K) decode as w = q * scale + offset,
-and the converter writes exactly that (weights.py). The CPU plugin's compressed matmuls take
-Convert -> [Subtract zero point] -> Multiply only; an f16 zero point (offset / scale) would be
-exact but runs the slow decompression path, a rounded integer one shifts every weight of a block
-by up to half a step. So, per group g of the input dimension,
+and the converter writes exactly that (weights.py). The CPU plugin's compressed matmuls take Convert
+-> [Subtract zero point] -> Multiply only. An f16 zero point (-offset / scale) is exact up to f16
+rounding (under 1% of a step), but int8-activation kernels refuse it and one token's bf16 kernels
+run it slower (a 256-token chunk's faster: benchmarks/weight_layouts.py, lab notes 2026-11-27); a
+rounded integer one shifts every weight of a block by up to half a step. So, per group g of the
+input dimension,
 
     x . w_row = sum_g scale_g * (x_g . q_g) + sum_g offset_g * sum(x_g)
 
