@@ -3,15 +3,22 @@
 type and shape of their weights (so a GGUF's Q4_K, Q6_K and min-correction products show apart).
 
     python benchmarks/decode_profile.py --model $(python -m vinoserve.bench.random_models llama-1.5b-q4_0-random)
-    python benchmarks/decode_profile.py --model M --decode-model off     # the bf16 compilation alone
+    python benchmarks/decode_profile.py --model M --decode-model off     # the one compilation alone
+
+The plugin reports each node's average over every call since compiling, so a compilation that
+also ran the prompt would carry the prompt chunk into every step's figures (606 ms of nodes
+after one step of 145). With `--decode-model off` the steps therefore run on a second compilation
+identical to the main one (same properties, same cache), which never sees the prompt.
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import time
+from dataclasses import replace
 
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
+from vinoserve.model import cpu_defaults, decode_model
 from vinoserve.model.compile_options import CompileOptions
 from vinoserve.scheduler.sampling_params import SamplingParams
 
@@ -47,7 +54,12 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=256, help="prompt tokens before the profiled steps")
     ap.add_argument("--steps", type=int, default=32)
     args = ap.parse_args()
-    options = _Profiled(decode_model={"auto": None, "on": True, "off": False}[args.decode_model])
+    if args.decode_model == "off":  # a "decode model" that is the main compilation again
+        decode_model.properties = lambda main: main
+        row = cpu_defaults.DEFAULTS[cpu_defaults.this_cpu()]
+        decode_model.with_shared_cache = lambda options: replace(
+            options, decode_model=True, kv_cache_precision=options.kv_cache_precision or row.kv_cache_precision)
+    options = _Profiled(decode_model={"auto": None, "on": True, "off": True}[args.decode_model])
     engine = LLMEngine(EngineConfig(model=args.model, kv_cache_size_gb=0.5, speculative=None, overlap_steps=False,
                                     compile=options), log=print)
     ids = list(range(1000, 1000 + args.context))
