@@ -69,7 +69,3 @@ def memory_mib(pid: int, keys: tuple[str, ...] = ("VmRSS",)) -> dict[str, int]:
         return {}
     fields = (line.split(":", 1) for line in lines if ":" in line)
     return {key: int(value.split()[0]) // 1024 for key, value in fields if key in keys}
-
-
-def rss_mb(pid: int | None) -> float | None:
-    return memory_mib(pid).get("VmRSS") if pid is not None else None

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from vinoserve.bench.server_process import launch_server, rss_mb, stop_server
+from vinoserve.bench.server_process import launch_server, memory_mib, stop_server
 from vinoserve.bench.workloads import _english_words
 
 # A disconnect is one of these, chosen uniformly.
@@ -239,7 +239,8 @@ def run_soak(base_url: str, model: str, config: SoakConfig, pid: int | None = No
 
             async def sample(t: float) -> None:
                 m = await scrape(client)
-                samples.append({"t_s": round(t, 1), "done": soak.tally.done, "rss_mb": rss_mb(pid),
+                rss = memory_mib(pid).get("VmRSS") if pid else None
+                samples.append({"t_s": round(t, 1), "done": soak.tally.done, "rss_mb": rss,
                                 "running": m.get("vllm:num_requests_running"),
                                 "kv_usage": m.get("vllm:kv_cache_usage_perc")})
                 if progress:
