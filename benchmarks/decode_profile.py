@@ -17,6 +17,8 @@ import collections
 import time
 from dataclasses import replace
 
+import numpy as np
+
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.model import cpu_defaults, decode_model
 from vinoserve.model.compile_options import CompileOptions
@@ -33,6 +35,14 @@ def _matmul_rows(compiled) -> dict[tuple[str, str], list[float]]:
     rows: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0, 0.0])
     for node in compiled.get_runtime_model().get_ordered_ops():
         info = {k: v.astype(str) for k, v in node.get_rt_info().items()}
+        if info.get("layerType") == "Reference" and node.get_input_size() >= 3:  # vinoserve's kernel (model/lowbit)
+            k, n = node.input_value(0).get_partial_shape()[-1], node.get_output_partial_shape(0)[-1]
+            size = sum(int(np.prod(list(node.input_value(i).get_partial_shape().to_shape())))
+                       * node.input_value(i).get_element_type().size for i in range(1, node.get_input_size()))
+            key = ("lowbit", f"[{n},{k}], {size / 2**20:.1f} MiB with scales")
+            rows[key][0] += 1
+            rows[key][1] += float(info.get("execTimeMcs", 0))
+            continue
         if not info.get("layerType", "").startswith("FullyConnected"):
             continue
         weights = node.input_value(1)
@@ -59,7 +69,8 @@ def main() -> None:
         row = cpu_defaults.DEFAULTS[cpu_defaults.this_cpu()]
         decode_model.with_shared_cache = lambda options: replace(
             options, decode_model=True, kv_cache_precision=options.kv_cache_precision or row.kv_cache_precision)
-    options = _Profiled(decode_model={"auto": None, "on": True, "off": True}[args.decode_model])
+    options = _Profiled(decode_model={"auto": None, "on": True, "off": True}[args.decode_model],
+                        lowbit_kernel=False if args.decode_model == "off" else None)
     engine = LLMEngine(EngineConfig(model=args.model, kv_cache_size_gb=0.5, speculative=None, overlap_steps=False,
                                     compile=options), log=print)
     ids = list(range(1000, 1000 + args.context))

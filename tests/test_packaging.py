@@ -39,8 +39,9 @@ def test_runtime_imports_are_declared_dependencies():
     assert not missing, f"imported by vinoserve but not runtime dependencies: {sorted(missing)}"
 
 
-def test_wheel_carries_the_chat_page(tmp_path):
-    """The page is package data: a wheel (what `pip install` builds) must hold it."""
+def test_wheel_carries_the_chat_page_and_the_kernel_source(tmp_path):
+    """The page and the low-bit kernel's C++ (built where it runs) are package data: a wheel
+    (what `pip install` builds) must hold them."""
     src = tmp_path / "src"  # building writes build/ and egg-info next to the sources
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".*", "build", "*.egg-info", "__pycache__", "tests"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
@@ -48,4 +49,5 @@ def test_wheel_carries_the_chat_page(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("vinoserve-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         page = zf.read("vinoserve/server/static/chat.html").decode()
+        assert b"OPENVINO_CREATE_EXTENSIONS" in zf.read("vinoserve/model/lowbit/lowbit_matmul.cpp")
     assert "v1/chat/completions" in page and "http://" not in page and "https://" not in page  # nothing remote

@@ -36,6 +36,10 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
                         "half the memory, steps of up to 16 tokens run on a second compilation (f32, int8 activations): faster "
                         "single-stream decode for a second packed copy of the weights; the KV cache is then u8. "
                         "on: on any CPU, whatever the weights' size")
+    p.add_argument("--lowbit-kernel", choices=("auto", "on", "off"), default="auto",
+                   help="the decode model's 4- and 8-bit matmuls on vinoserve's own kernel (an OpenVINO extension "
+                        "built with the machine's C++ compiler on first use, cached). auto: where it builds and the "
+                        "CPU has AVX-512 VNNI; on: fail to start where it cannot; off: the plugin's kernels")
     p.add_argument("--dynamic-quantization-group-size", type=int, default=None, metavar="N",
                    help="OpenVINO's DYNAMIC_QUANTIZATION_GROUP_SIZE: matmuls with low-bit weights round their "
                         "inputs to int8 per N values (faster, less exact); 0: off. Default: per CPU class "
@@ -169,6 +173,7 @@ def _engine_config(args: argparse.Namespace):
         model=args.model, weight_format=args.weight_format,
         compile=CompileOptions(args.device, args.inference_precision, args.kv_cache_precision, args.threads,
                                decode_model={"auto": None, "on": True, "off": False}[args.decode_model],
+                               lowbit_kernel={"auto": None, "on": True, "off": False}[args.lowbit_kernel],
                                dynamic_quantization_group_size=args.dynamic_quantization_group_size),
         scheduler=scheduler, kv_cache_size_gb=args.kv_cache_size, cache_eviction=eviction,
         enable_prefix_caching=args.enable_prefix_caching, overlap_steps=args.overlap_steps,

@@ -117,19 +117,21 @@ class Vinoserve:
     def __init__(self, model: str, weight_format: str = "auto", max_num_batched_tokens: int = 512,
                  kv_cache_precision: str | None = None, threads: int | None = None,
                  inference_precision: str | None = None, decode_model: str = "auto",
-                 dynamic_quantization_group_size: int | None = None) -> None:
+                 dynamic_quantization_group_size: int | None = None, lowbit_kernel: str = "auto") -> None:
         from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
         from vinoserve.model.compile_options import CompileOptions
         from vinoserve.scheduler.scheduler import SchedulerConfig
 
         self.name = (f"vinoserve {weight_format}" + ("" if decode_model == "auto" else f" dm-{decode_model}")
-                     + ("" if dynamic_quantization_group_size is None else f" dq-{dynamic_quantization_group_size}"))
+                     + ("" if dynamic_quantization_group_size is None else f" dq-{dynamic_quantization_group_size}")
+                     + ("" if lowbit_kernel == "auto" else f" lk-{lowbit_kernel}"))
         # One stream needs little KV cache; the default (a quarter of free memory) would crowd an 8B pair.
         cfg = EngineConfig(model=model, weight_format=weight_format, enable_prefix_caching=False, kv_cache_size_gb=1.0,
                            speculative=None,  # single-stream decode as such (speculation: bench speculative)
                            compile=CompileOptions(kv_cache_precision=kv_cache_precision, num_threads=threads,
                                                   inference_precision=inference_precision,
                                                   decode_model={"auto": None, "on": True, "off": False}[decode_model],
+                                                  lowbit_kernel={"auto": None, "on": True, "off": False}[lowbit_kernel],
                                                   dynamic_quantization_group_size=dynamic_quantization_group_size),
                            scheduler=SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens))
         self.engine = LLMEngine(cfg, log=lambda m: None)
@@ -274,6 +276,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dynamic-quantization-group-sizes", default="default",
                     help="vinoserve's --dynamic-quantization-group-size settings to compare, per weight format and "
                          "decode model (comma-separated: default, 0 for off, 32, ...)")
+    ap.add_argument("--lowbit-kernels", default="auto",
+                    help="vinoserve's --lowbit-kernel settings to compare, per weight format and decode model "
+                         "(comma-separated: auto, on, off)")
 
 
 def main(args: argparse.Namespace) -> None:
@@ -290,9 +295,9 @@ def main(args: argparse.Namespace) -> None:
     for model in models:
         engines = [start(LlamaCpp, model, args.threads, max(4096, args.input_len + args.output_len + 8))]
         engines += [start(Vinoserve, model, fmt, args.max_num_batched_tokens, args.kv_cache_precision, args.threads,
-                          args.inference_precision, dm, dq)
+                          args.inference_precision, dm, dq, lk)
                     for fmt in args.weight_formats.split(",") if fmt for dm in args.decode_models.split(",")
-                    for dq in groups]
+                    for dq in groups for lk in args.lowbit_kernels.split(",")]
         if len(models) > 1:  # one run, several files: each engine named by its file
             for e in engines:
                 e.name = f"{e.name} [{gguf_path(model).stem}]"

@@ -87,8 +87,10 @@ class LLMEngine:
         log(f"KV cache: {num_blocks} blocks of {paged.block_size} tokens, {self.cache.nbytes / 2**30:.2f} GiB "
             f"({paged.layout.key_type.get_type_name()} keys, {paged.layout.value_type.get_type_name()} values)"
             + (f"; steps of up to {decode_model.MAX_TOKENS} tokens on the decode model, a second packed copy of "
-               f"the weights (about {paged.decode_bytes / 2**30:.2f} GiB; --decode-model off saves it)"
-               if paged.decode else "")
+               f"the weights (about {paged.decode_graph.packed_bytes / 2**30:.2f} GiB; --decode-model off saves it), "
+               + (f"{paged.decode_graph.kernel_matmuls} matmuls on vinoserve's low-bit kernel" if paged.decode_graph.kernel_matmuls
+                  else f"the plugin's matmuls ({paged.decode_graph.kernel_unavailable or 'none the low-bit kernel takes'})")
+               if paged.decode_graph else "")
             + (f"; defaults for CPU class {cpu_defaults.this_cpu().value}" if options.device == "CPU" else ""))
 
     @property

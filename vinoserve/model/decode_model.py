@@ -8,8 +8,10 @@ the packed low-bit weights with VNNI integer dot products, as llama.cpp does (no
 `useDynamicQuantizationImpl`; it needs f32 activations). Measured on a 2-core Sapphire Rapids, 1.5B
 Q4_0 `auto`, decode `infer()`: 73 ms against 95 at one sequence (docs/performance-lab-notes.md).
 
-So the same graph is compiled twice and the runner sends each step to one of them by its token
-count. Both write one KV cache, which fixes its precision: an f32 kernel reads f32 or u8 blocks, a
+So the model is compiled twice and the runner sends each step to one of them by its token
+count. The decode model's 4- and 8-bit MatMuls run on vinoserve's own kernel where it builds
+(model/lowbit: the same int8 activations, at the memory's pace where the plugin's kernel is
+bound by unpacking; gate and up fused, block offsets inside the product), else on the plugin's. Both write one KV cache, which fixes its precision: an f32 kernel reads f32 or u8 blocks, a
 bf16 one bf16 or u8, so the cache is u8. The cost is a second packed copy of the weights (1.5B
 Q4_0: +1.0 GiB resident), so `auto` takes it only where both copies fit in half the machine's
 memory (or the container's limit): a server whose weights are a larger share has better use for
@@ -18,11 +20,14 @@ anyway.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import openvino as ov
 
 from vinoserve.memory import memory_limit_bytes
+from vinoserve.model import fuse_projections as projections
+from vinoserve.model import lowbit
+from vinoserve.model.block_offsets import split_block_offsets
 from vinoserve.model.compile_options import CompileOptions
 from vinoserve.model.errors import ModelLoadError
 
@@ -58,6 +63,9 @@ def packed_copy_bytes(model: ov.Model) -> int:
     as they are. A token table read only by a Gather is read in place, not packed."""
     total, seen = 0, set()
     for node in model.get_ordered_ops():
+        if node.get_type_name() == lowbit.OP:  # its weights, scales and offsets as they are
+            total += sum(v.get_node().get_byte_size() for v in node.input_values()[1:])
+            continue
         if node.get_type_name() != "MatMul":
             continue
         stack = [node.input_value(1).get_node()]
@@ -87,6 +95,33 @@ def with_shared_cache(options: CompileOptions) -> CompileOptions:
         raise ModelLoadError(f"the decode model shares a {KV_PRECISION} KV cache with the main one; "
                              f"{options.kv_cache_precision} was asked for (turn the decode model off to keep it)")
     return replace(options, decode_model=True, kv_cache_precision=KV_PRECISION)
+
+
+@dataclass
+class DecodeGraph:
+    model: ov.Model
+    packed_bytes: int  # about what its second copy of the weights takes
+    kernel_matmuls: int = 0  # MatMuls on vinoserve's kernel (model/lowbit)
+    kernel_unavailable: str = ""  # why none are, where it was wanted
+
+
+def graph(prepared: ov.Model, raw: ov.Model | None, options: CompileOptions, core: ov.Core) -> DecodeGraph:
+    """The graph the decode model compiles. `prepared` is the main compilation's; `raw` (None
+    when options turn the kernel off) the same before its offsets were split and projections
+    fused: here its low-bit MatMuls, gate with up fused, go to vinoserve's kernel, and what the
+    kernel does not take is prepared as the main graph is."""
+    if raw is None:
+        return DecodeGraph(prepared, packed_copy_bytes(prepared))
+    if options.fuse_projections:
+        projections.fuse_projections(raw, activation_inputs=True)
+    try:
+        count = lowbit.use_kernel(raw, core)
+    except lowbit.Unavailable as e:
+        if options.lowbit_kernel:
+            raise ModelLoadError(f"the low-bit kernel was asked for: {e}") from e
+        return DecodeGraph(prepared, packed_copy_bytes(prepared), kernel_unavailable=str(e))
+    split_block_offsets(raw)
+    return DecodeGraph(raw, packed_copy_bytes(raw), count)
 
 
 def properties(main: dict[str, str]) -> dict[str, str]:

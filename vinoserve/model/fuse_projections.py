@@ -32,12 +32,14 @@ import openvino.opset13 as ops
 # whole bytes per row (bf16 is not merged).
 _MERGEABLE = {ov.Type.f32, ov.Type.f16, ov.Type.u8, ov.Type.i8}
 _PACKED = {ov.Type.u4, ov.Type.i4}
-_CHAIN_OPS = {"Convert", "Subtract", "Multiply", "Reshape"}
+_CHAIN_OPS = {"Convert", "Subtract", "Multiply", "Add", "Reshape"}
 _ACTIVATIONS = {"Swish", "Gelu", "Relu", "Sigmoid", "Tanh", "HSwish", "Mish", "Elu", "Clamp"}
 
 
-def fuse_projections(model: ov.Model) -> int:
-    """In place. Returns how many groups of MatMuls were merged."""
+def fuse_projections(model: ov.Model, activation_inputs: bool = False) -> int:
+    """In place. Returns how many groups of MatMuls were merged; with `activation_inputs` also
+    those feeding an activation (gate with up: the decode model's own kernel fuses no activation,
+    so one product saves a call, see model/lowbit)."""
     groups: dict[ov.Output, list[ov.Node]] = defaultdict(list)
     for node in model.get_ordered_ops():
         if node.get_type_name() == "MatMul" and node.get_attributes() == {"transpose_a": False, "transpose_b": True}:
@@ -46,7 +48,7 @@ def fuse_projections(model: ov.Model) -> int:
                 groups[node.input_value(0)].append(node)
     fused = 0
     for source, matmuls in groups.items():
-        if len(matmuls) > 1 and not any(map(_feeds_activation, matmuls)) and _fuse(source, matmuls):
+        if len(matmuls) > 1 and (activation_inputs or not any(map(_feeds_activation, matmuls))) and _fuse(source, matmuls):
             fused += 1
     if fused:
         model.validate_nodes_and_infer_types()
@@ -108,7 +110,7 @@ def _merge(outputs: list[ov.Output]) -> ov.Output | None:
     if kind == "Reshape":  # [rows, K] targets: the merged rows, the same K
         target = np.array([sum(rows for rows, _ in shapes), shapes[0][1]], dtype=np.int64)
         return ops.reshape(inputs[0], ops.constant(target), special_zero=False).output(0)
-    return (ops.subtract if kind == "Subtract" else ops.multiply)(*inputs).output(0)
+    return {"Subtract": ops.subtract, "Add": ops.add, "Multiply": ops.multiply}[kind](*inputs).output(0)
 
 
 def _rows_and_cols(o: ov.Output) -> tuple[int, int] | None:

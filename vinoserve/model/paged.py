@@ -45,7 +45,7 @@ class PagedModel:
     options: CompileOptions
     layout: CacheLayout
     decode: ov.CompiledModel | None = None  # for steps of at most decode_model.MAX_TOKENS tokens
-    decode_bytes: int = 0  # about what the decode model's second copy of the weights takes
+    decode_graph: decode_model.DecodeGraph | None = None  # what it compiled, its weights' size, its kernel
 
     @property
     def block_size(self) -> int:
@@ -107,19 +107,21 @@ def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None
         options = replace(options, per_layer_tables=True)
     options = cpu_defaults.resolve(options, core, model)
     facts = read_graph_facts(to_paged(model, options, sliding_windows))
+    # the decode model's graph starts from this one, before the passes below (model/lowbit)
+    raw = model.clone() if options.decode_model and options.lowbit_kernel is not False else None
     split_block_offsets(model)  # after to_paged: the LM head's correction must read the gathered rows
     if options.fuse_projections:
         projections.fuse_projections(model)
     compiled = _compile(core, model, options.device, options.properties())
     layout = _cache_layout(compiled)
-    decode, decode_bytes = None, 0
+    decode, decode_graph = None, None
     if options.decode_model:
-        decode = _compile(core, model, options.device, decode_model.properties(options.properties()))
+        decode_graph = decode_model.graph(model, raw, options, core)
+        decode = _compile(core, decode_graph.model, options.device, decode_model.properties(options.properties()))
         if _cache_layout(decode) != layout:
             raise ModelLoadError(f"the decode model's KV cache layout differs from the main one's: "
                                  f"{_cache_layout(decode)} vs {layout}")
-        decode_bytes = decode_model.packed_copy_bytes(model)
-    return PagedModel(facts, compiled, options, layout, decode, decode_bytes)
+    return PagedModel(facts, compiled, options, layout, decode, decode_graph)
 
 
 def _compile(core: ov.Core, model: ov.Model, device: str, properties: dict[str, str]) -> ov.CompiledModel:

@@ -1,0 +1,127 @@
+"""vinoserve's low-bit matmul kernel (model/lowbit): an OpenVINO extension op the decode model's 4-
+and 8-bit MatMuls run on. Its arithmetic is fixed (int8 activations per group, exact integer dot
+products, the same float steps per row on every CPU that has the instructions), so it is checked
+against that arithmetic in numpy, to float rounding."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+import openvino.opset13 as ops
+import pytest
+
+from vinoserve.model import lowbit
+from vinoserve.model.errors import ModelLoadError
+from vinoserve.model.gguf_loader import GGUFModel
+from vinoserve.model.graph import build_model
+from vinoserve.model.lowbit import build
+from vinoserve.model.paged import compile_paged
+from vinoserve.model.compile_options import CompileOptions
+
+
+@pytest.fixture(scope="module")
+def kernel() -> str:
+    try:
+        return str(build.library())
+    except lowbit.Unavailable as e:
+        pytest.skip(f"the kernel cannot run here: {e}")
+
+
+def _matmul(rows: int, k: int, group: int, element: ov.Type, scale_type, offset_type, rng):
+    """MatMul(x, weight) with the weight chain weights.py writes, and the weight in f32."""
+    bits, signed = element.bitwidth, element in (ov.Type.i4, ov.Type.i8)
+    low = -(1 << (bits - 1)) if signed else 0
+    q = rng.integers(low, low + (1 << bits), (rows, k // group, group))
+    scale = (rng.random((rows, k // group, 1)) * 0.02 + 0.001).astype(scale_type)
+    w = ops.multiply(ops.convert(ops.constant(q.astype(np.int8 if signed else np.uint8), element),
+                                 ov.Type.f32 if scale_type == np.float32 else ov.Type.f16), ops.constant(scale))
+    dense = q * scale.astype(np.float32)
+    if offset_type is not None:
+        offset = (rng.standard_normal((rows, k // group, 1)) * 0.01).astype(offset_type)
+        w = ops.add(w, ops.constant(offset))
+        dense = dense + offset.astype(np.float32)
+    w = ops.convert(ops.reshape(w, ops.constant(np.array([rows, k])), False), ov.Type.f32)
+    x = ops.parameter([-1, k], np.float32)
+    return ov.Model([ops.matmul(x, w, False, True).output(0)], [x]), dense.reshape(rows, k)
+
+
+def _int8_activations(x: np.ndarray, group: int) -> np.ndarray:
+    """x as the kernel sees it: int8 per group, scale amax / 127, rounded to nearest even."""
+    g = x.reshape(x.shape[0], -1, group)
+    d = (np.abs(g).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
+    return (np.rint(g * inv) * d).reshape(x.shape)
+
+
+@pytest.mark.parametrize("element,group,scale_type,offset_type", [
+    (ov.Type.i4, 32, np.float16, None),        # Q4_0
+    (ov.Type.i4, 32, np.float32, np.float32),  # Q4_K, Q4_1 (centred, an offset per block)
+    (ov.Type.i8, 16, np.float32, None),        # Q6_K
+    (ov.Type.i8, 32, np.float16, None),        # Q8_0
+    (ov.Type.u4, 16, np.float16, np.float16),
+    (ov.Type.u8, 32, np.float16, np.float16),
+])
+def test_the_kernel_computes_its_arithmetic(kernel, element, group, scale_type, offset_type):
+    """200 rows (the last tile of 16 partial), 15 rows of x (the 8, 4, 2 and 1-row paths), and
+    each row of x alone gives bit for bit what it gives in the batch."""
+    rng = np.random.default_rng(7)
+    model, dense = _matmul(200, 512, group, element, scale_type, offset_type, rng)
+    core = ov.Core()
+    assert lowbit.use_kernel(model, core) == 1
+    assert [n.get_type_name() for n in model.get_ordered_ops()].count(lowbit.OP) == 1
+    compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    x = rng.standard_normal((15, 512)).astype(np.float32)
+    x[3] = 0  # a row of zeros: scale 0, no division by it
+    y = compiled([x])[0]
+    expected = _int8_activations(x, group).astype(np.float64) @ dense.T.astype(np.float64)
+    np.testing.assert_allclose(y, expected, rtol=0, atol=2e-5 * np.abs(expected).max())
+    assert not np.any(y[3])
+    for i in (0, 14):
+        np.testing.assert_array_equal(compiled([x[i:i + 1]])[0][0], y[i])
+
+
+@pytest.fixture(scope="module")
+def q4_k(tmp_path_factory) -> GGUFModel:
+    """A tiny Llama llama-quantize made Q4_K_M: Q4_K, Q5_K (offsets), Q6_K (groups of 16)."""
+    return GGUFModel.open(Path(__file__).parent / "data" / "llamacpp-tiny-llama-Q4_K_M.gguf")
+
+
+def test_the_decode_model_runs_its_low_bit_matmuls_on_the_kernel(kernel, q4_k):
+    """Every projection of the decode model and the LM head, whatever their types (this file mixes
+    three, so q/k/v and gate/up stay apart), offsets included; the main compilation keeps the
+    plugin's kernels."""
+    options = CompileOptions(inference_precision="f32", decode_model=True)
+    model = compile_paged(build_model(q4_k.config, q4_k.tensor, "auto"), options)
+    graph = model.decode_graph
+    kinds = [n.get_type_name() for n in graph.model.get_ordered_ops()]
+    assert graph.kernel_matmuls == kinds.count(lowbit.OP) == 2 * 6 + 1  # 2 layers' 6 products, the LM head
+    assert "MatMul" not in kinds or all(  # what is left is attention's, not a weight's
+        n.input_value(1).get_node().get_type_name() != "Convert" for n in graph.model.get_ordered_ops()
+        if n.get_type_name() == "MatMul")
+    assert lowbit.OP not in [n.get_type_name() for n in model.compiled.get_runtime_model().get_ordered_ops()]
+
+
+def test_where_it_cannot_be_built_the_plugin_runs_or_the_flag_fails_clearly(q4_k, tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-compiler"))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no c++ or g++ either
+    monkeypatch.setenv("VINOSERVE_CACHE", str(tmp_path / "cache"))
+    build.library.cache_clear()
+    try:
+        model = compile_paged(build_model(q4_k.config, q4_k.tensor, "auto"),
+                              CompileOptions(inference_precision="f32", decode_model=True))
+        assert model.decode is not None and model.decode_graph.kernel_matmuls == 0
+        assert model.decode_graph.kernel_unavailable  # said in the startup log
+        with pytest.raises(ModelLoadError, match="low-bit kernel was asked for"):
+            compile_paged(build_model(q4_k.config, q4_k.tensor, "auto"),
+                          CompileOptions(inference_precision="f32", decode_model=True, lowbit_kernel=True))
+    finally:
+        build.library.cache_clear()
+
+
+@pytest.mark.parametrize("flag,value", [("auto", None), ("on", True), ("off", False)])
+def test_the_flag_reaches_the_compile_options(flag, value):
+    from vinoserve.cli import _engine_config, build_parser
+
+    args = build_parser().parse_args(["serve", "--lowbit-kernel", flag])
+    assert _engine_config(args).compile.lowbit_kernel is value

@@ -1,0 +1,210 @@
+// vinoserve::LowBitMatMul, an OpenVINO extension op: y[m, n] = sum_k x[m, k] * w[n, k] for 4- or
+// 8-bit weights in groups along k, at a few rows of x (decode steps).
+//
+// Why: the CPU plugin's int8-activation kernel for compressed weights runs a one-token product at
+// about 48 ps a 4-bit weight on a 2-core Emerald Rapids, well below what the cores read from memory
+// (its own f32 gemv streams 21 GB/s); this one reads the packed weights once and runs at the memory's
+// pace (vinoserve/model/lowbit/__init__.py has the figures).
+//
+// Arithmetic, as llama.cpp's q8 dot products: each row of x is quantized to int8 per group of the
+// weights (scale amax / 127), the integer dot products are exact in int32 (VNNI), and per group
+//     y += (sum_i u_i * xq_i - bias * sum_i xq_i) * scale * xd (+ offset * xd * sum_i xq_i)
+// where u = q + bias is the weight made unsigned (bias 8 for i4, 128 for i8, 0 for unsigned types).
+//
+// Weight layout (written by pack.py): rows in tiles of 16, per tile and group the bytes one
+// vpdpbusd reads: chunk c holds, for each of the 16 rows, 4 consecutive weights (64 bytes).
+// 8-bit: chunk c = weights 4c..4c+3 of the group. 4-bit: the low nibbles of chunk c are weights
+// 4c..4c+3 and the high nibbles weights 4(c + H)..4(c + H)+3, H = group / 8.
+// Scales (and offsets) per tile and group: 16 floats (f16 or f32), one per row.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include <openvino/core/extension.hpp>
+#include <openvino/core/op_extension.hpp>
+#include <openvino/op/op.hpp>
+#include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
+
+namespace vinoserve {
+namespace {
+
+struct Activations {  // x quantized per group: int8 values, a scale and the integer sum per group
+    std::vector<int8_t> q;
+    std::vector<float> d;
+    std::vector<int32_t> s;
+};
+
+// Per group of 16 or 32: scale amax / 127, values rounded to nearest (even), as the plugin and
+// llama.cpp's q8 do. Reuses the calling thread's buffers: a step calls this some 200 times.
+const Activations& quantize(const float* x, size_t rows, size_t k, size_t group) {
+    thread_local Activations a;
+    const size_t groups = k / group;
+    a.q.resize(rows * k);
+    a.d.resize(rows * groups);
+    a.s.resize(rows * groups);
+    for (size_t r = 0; r < rows; r++) {
+        for (size_t g = 0; g < groups; g++) {
+            const float* v = x + r * k + g * group;
+            __m512 amax = _mm512_setzero_ps();
+            for (size_t i = 0; i < group; i += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(v + i)));
+            const float d = _mm512_reduce_max_ps(amax) / 127.f;
+            const __m512 inv = _mm512_set1_ps(d > 0.f ? 1.f / d : 0.f);
+            __m512i sum = _mm512_setzero_si512();
+            int8_t* q = a.q.data() + r * k + g * group;
+            for (size_t i = 0; i < group; i += 16) {
+                const __m512i n = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + i), inv));
+                sum = _mm512_add_epi32(sum, n);
+                _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtsepi32_epi8(n));
+            }
+            a.d[r * groups + g] = d;
+            a.s[r * groups + g] = _mm512_reduce_add_epi32(sum);
+        }
+    }
+    return a;
+}
+
+struct Weights {
+    const uint8_t* q;
+    const void* scale;
+    const void* offset;  // nullptr: none
+    bool f16;
+    int bits, group, bias;
+    size_t n, k;
+    size_t tile_bytes() const { return 16 * k * bits / 8; }
+};
+
+inline __m512 load_floats(const void* p, bool f16, size_t i) {
+    if (f16) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
+    return _mm512_loadu_ps(static_cast<const float*>(p) + i);
+}
+
+// One tile of 16 rows against MB rows of x, starting at x row m0. Q = weights a group / 4.
+template <int MB, int BITS, int Q>
+void tile_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, float* y, size_t y_stride) {
+    const size_t groups = w.k / (4 * Q);
+    const uint8_t* q = w.q + t * w.tile_bytes();
+    __m512 acc[MB];
+    for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (size_t g = 0; g < groups; g++) {
+        __m512i u[Q];
+        if constexpr (BITS == 4) {
+            for (int c = 0; c < Q / 2; c++) {
+                const __m512i v = _mm512_loadu_si512(q + c * 64);
+                u[c] = _mm512_and_si512(v, low);
+                u[c + Q / 2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            }
+            q += Q * 32;
+        } else {
+            for (int c = 0; c < Q; c++) u[c] = _mm512_loadu_si512(q + c * 64);
+            q += Q * 64;
+        }
+        const size_t at = (t * groups + g) * 16;
+        const __m512 scale = load_floats(w.scale, w.f16, at);
+        const __m512 offset = w.offset ? load_floats(w.offset, w.f16, at) : _mm512_setzero_ps();
+        for (int m = 0; m < MB; m++) {
+            const size_t row = m0 + m, ag = row * groups + g;
+            const int32_t* x4 = reinterpret_cast<const int32_t*>(a.q.data() + row * w.k + g * 4 * Q);
+            __m512i s = _mm512_set1_epi32(-w.bias * a.s[ag]);
+            for (int c = 0; c < Q; c++) s = _mm512_dpbusd_epi32(s, u[c], _mm512_set1_epi32(x4[c]));
+            const __m512 d = _mm512_set1_ps(a.d[ag]);
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(scale, d), acc[m]);
+            if (w.offset) acc[m] = _mm512_fmadd_ps(offset, _mm512_set1_ps(a.d[ag] * static_cast<float>(a.s[ag])), acc[m]);
+        }
+    }
+    const size_t n0 = t * 16, live = std::min<size_t>(16, w.n - n0);
+    const __mmask16 mask = static_cast<__mmask16>((1u << live) - 1);
+    for (int m = 0; m < MB; m++) _mm512_mask_storeu_ps(y + (m0 + m) * y_stride + n0, mask, acc[m]);
+}
+
+template <int BITS, int Q>
+void run_tile(const Weights& w, const Activations& a, size_t rows, size_t t, float* y) {
+    size_t m = 0;
+    for (; m + 8 <= rows; m += 8) tile_kernel<8, BITS, Q>(w, a, m, t, y, w.n);
+    if (m + 4 <= rows) { tile_kernel<4, BITS, Q>(w, a, m, t, y, w.n); m += 4; }
+    if (m + 2 <= rows) { tile_kernel<2, BITS, Q>(w, a, m, t, y, w.n); m += 2; }
+    if (m < rows) tile_kernel<1, BITS, Q>(w, a, m, t, y, w.n);
+}
+
+using TileFn = void (*)(const Weights&, const Activations&, size_t, size_t, float*);
+
+TileFn pick(int bits, int group) {
+    if (bits == 4 && group == 32) return run_tile<4, 8>;
+    if (bits == 4 && group == 16) return run_tile<4, 4>;
+    if (bits == 8 && group == 32) return run_tile<8, 8>;
+    if (bits == 8 && group == 16) return run_tile<8, 4>;
+    return nullptr;
+}
+
+}  // namespace
+
+class LowBitMatMul : public ov::op::Op {
+public:
+    OPENVINO_OP("LowBitMatMul", "vinoserve");
+
+    LowBitMatMul() = default;
+
+    void validate_and_infer_types() override {
+        NODE_VALIDATION_CHECK(this, pick(m_bits, m_group) != nullptr, "unsupported bits/group ", m_bits, "/", m_group);
+        NODE_VALIDATION_CHECK(this, m_k % m_group == 0, "k is not a multiple of the group");
+        auto shape = get_input_partial_shape(0);
+        NODE_VALIDATION_CHECK(this, shape.rank().is_static() && shape[shape.size() - 1].compatible(m_k), "x's last dimension is not k");
+        shape[shape.size() - 1] = static_cast<int64_t>(m_n);
+        set_output_type(0, ov::element::f32, shape);
+    }
+
+    std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override {
+        auto op = std::make_shared<LowBitMatMul>();
+        op->set_arguments(args);
+        op->m_n = m_n; op->m_k = m_k; op->m_bits = m_bits; op->m_group = m_group; op->m_bias = m_bias;
+        op->constructor_validate_and_infer_types();
+        return op;
+    }
+
+    bool visit_attributes(ov::AttributeVisitor& v) override {
+        v.on_attribute("n", m_n);
+        v.on_attribute("k", m_k);
+        v.on_attribute("bits", m_bits);
+        v.on_attribute("group", m_group);
+        v.on_attribute("bias", m_bias);
+        return true;
+    }
+
+    bool has_evaluate() const override { return true; }
+
+    bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override {
+        const ov::Shape xs = inputs[0].get_shape();
+        ov::Shape ys = xs;
+        ys.back() = m_n;
+        outputs[0].set_shape(ys);
+        const size_t rows = ov::shape_size(xs) / m_k;
+        float* y = outputs[0].data<float>();
+        if (rows == 0) return true;
+        const auto& st = inputs[2].get_element_type();
+        Weights w{static_cast<const uint8_t*>(inputs[1].data()), inputs[2].data(),
+                  inputs.size() > 3 ? inputs[3].data() : nullptr, st == ov::element::f16,
+                  static_cast<int>(m_bits), static_cast<int>(m_group), static_cast<int>(m_bias),
+                  static_cast<size_t>(m_n), static_cast<size_t>(m_k)};
+        const Activations& a = quantize(inputs[0].data<float>(), rows, w.k, w.group);
+        const TileFn fn = pick(w.bits, w.group);
+        const size_t tiles = (w.n + 15) / 16;
+        // One contiguous share of the tiles a thread: the rows are equal work, and a step's
+        // ~200 calls each pay the split.
+        tbb::parallel_for(tbb::blocked_range<size_t>(0, tiles), [&](const tbb::blocked_range<size_t>& r) {
+            for (size_t t = r.begin(); t != r.end(); t++) fn(w, a, rows, t, y);
+        }, tbb::static_partitioner());
+        return true;
+    }
+
+private:
+    int64_t m_n = 0, m_k = 0, m_bits = 4, m_group = 32, m_bias = 0;
+};
+
+}  // namespace vinoserve
+
+OPENVINO_CREATE_EXTENSIONS(std::vector<ov::Extension::Ptr>({std::make_shared<ov::OpExtension<vinoserve::LowBitMatMul>>()}));

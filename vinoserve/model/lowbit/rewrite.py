@@ -1,0 +1,84 @@
+"""Load-time graph pass for the decode model: each MatMul whose weight is a low-bit decompression
+chain (Convert(integers) -> Multiply(scale) [-> Add(offset)] -> Reshape -> Convert, as weights.py
+writes it) becomes a LowBitMatMul reading the same integers, scales and offsets, repacked into
+the kernel's tiles; it runs before block_offsets, whose correction products the kernel makes
+unnecessary. Anything else (f16 weights, int8 with zero points, token tables) stays the plugin's."""
+from __future__ import annotations
+
+import numpy as np
+import openvino as ov
+import openvino.opset13 as ops
+from openvino.utils.node_factory import NodeFactory
+
+from vinoserve.model.lowbit import pack
+
+OP = "LowBitMatMul"
+_SIGNED = {ov.Type.i4: True, ov.Type.u4: False, ov.Type.i8: True, ov.Type.u8: False}
+_GROUPS = (16, 32)  # what the kernel has code for
+
+
+def replace_matmuls(model: ov.Model, factory: NodeFactory) -> int:
+    """In place. Returns how many MatMuls now run on the kernel."""
+    count = 0
+    for node in model.get_ordered_ops():
+        if node.get_type_name() != "MatMul" or node.get_attributes() != {"transpose_a": False, "transpose_b": True}:
+            continue
+        found = _decompression(node.input_value(1))
+        if found is None or node.get_output_element_type(0) != ov.Type.f32:
+            continue
+        lowbit = _lowbit_node(factory, node.input_value(0), *found)
+        lowbit.set_friendly_name(node.get_friendly_name())
+        node.output(0).replace(lowbit.output(0))
+        count += 1
+    if count:
+        model.validate_nodes_and_infer_types()
+    return count
+
+
+def _decompression(weight: ov.Output) -> tuple[ov.Node, ov.Node, ov.Node | None] | None:
+    """Convert(f32) <- Reshape [rows, K] <- [Add(.., offset [rows, G, 1]) <-] Multiply(Convert(q
+    [rows, G, g]), scale [rows, G, 1]): the q, scale and offset constants, where the kernel takes
+    their types and group."""
+    convert = weight.get_node()
+    if convert.get_type_name() != "Convert" or convert.input_value(0).get_node().get_type_name() != "Reshape":
+        return None
+    multiply, offset = convert.input_value(0).get_node().input_value(0).get_node(), None
+    if multiply.get_type_name() == "Add":
+        offset = multiply.input_value(1).get_node()
+        multiply = multiply.input_value(0).get_node()
+    if multiply.get_type_name() != "Multiply":
+        return None
+    convert = multiply.input_value(0).get_node()
+    scale = multiply.input_value(1).get_node()
+    if convert.get_type_name() != "Convert" or scale.get_type_name() != "Constant":
+        return None
+    q = convert.input_value(0).get_node()
+    if q.get_type_name() != "Constant" or q.get_element_type() not in _SIGNED:
+        return None
+    shape, s_shape = tuple(q.get_output_shape(0)), tuple(scale.get_output_shape(0))
+    if len(shape) != 3 or shape[2] not in _GROUPS or s_shape != (shape[0], shape[1], 1):
+        return None
+    if any(c is not None and (c.get_type_name() != "Constant" or c.get_element_type() not in (ov.Type.f16, ov.Type.f32)
+                              or tuple(c.get_output_shape(0)) != s_shape) for c in (scale, offset)):
+        return None
+    return q, scale, offset
+
+
+def _floats(c: ov.Node, rows: int, groups: int, f32: bool) -> ov.Output:
+    data = np.asarray(c.get_data()).reshape(rows, groups)
+    return ops.constant(pack.pack_floats(data.astype(np.float32) if f32 else data)).output(0)
+
+
+def _lowbit_node(factory: NodeFactory, x: ov.Output, q: ov.Node, scale: ov.Node, offset: ov.Node | None) -> ov.Node:
+    rows, groups, group = (int(d) for d in q.get_output_shape(0))
+    k = groups * group
+    bits = q.get_element_type().bitwidth
+    signed = _SIGNED[q.get_element_type()]
+    u = pack.unsigned(q.get_data(), rows, k, bits, signed)
+    packed = ops.constant(pack.pack_weights(u, bits, group))
+    # the kernel reads scales and offsets as one float type: f32 where either is
+    f32 = any(c is not None and c.get_element_type() == ov.Type.f32 for c in (scale, offset))
+    floats = [_floats(c, rows, groups, f32) for c in (scale, offset) if c is not None]
+    bias = (1 << (bits - 1)) if signed else 0
+    return factory.create(OP, [x, packed.output(0), *floats],
+                          {"n": rows, "k": k, "bits": bits, "group": group, "bias": bias})
