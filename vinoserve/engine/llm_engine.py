@@ -22,6 +22,7 @@ from vinoserve.engine.speculative import Speculator
 from vinoserve.engine.step_plan import Launch, SamplingRow
 from vinoserve.engine.text_output import TextOutput
 from vinoserve.engine.warm_up import warm_up
+from vinoserve.memory import release_freed_heap
 from vinoserve.model.loader import LoadedModel, load_model
 from vinoserve.model import cpu_defaults, decode_model
 from vinoserve.scheduler.grammar import GrammarCompiler
@@ -92,6 +93,7 @@ class LLMEngine:
                   else f"the plugin's matmuls ({paged.decode_graph.kernel_unavailable or 'none the low-bit kernel takes'})")
                if paged.decode_graph else "")
             + (f"; defaults for CPU class {cpu_defaults.this_cpu().value}" if options.device == "CPU" else ""))
+        release_freed_heap()  # the load's temporaries (see memory.py)
 
     @property
     def max_context(self) -> int:

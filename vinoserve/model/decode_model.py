@@ -97,21 +97,23 @@ def with_shared_cache(options: CompileOptions) -> CompileOptions:
     return replace(options, decode_model=True, kv_cache_precision=KV_PRECISION)
 
 
-@dataclass
+@dataclass(frozen=True)
 class DecodeGraph:
-    model: ov.Model
+    """What the decode model compiled, as the startup log tells it."""
+
     packed_bytes: int  # about what its second copy of the weights takes
     kernel_matmuls: int = 0  # MatMuls on vinoserve's kernel (model/lowbit)
     kernel_unavailable: str = ""  # why none are, where it was wanted
 
 
-def graph(prepared: ov.Model, raw: ov.Model | None, options: CompileOptions, core: ov.Core) -> DecodeGraph:
+def graph(prepared: ov.Model, raw: ov.Model | None, options: CompileOptions,
+          core: ov.Core) -> tuple[ov.Model, DecodeGraph]:
     """The graph the decode model compiles. `prepared` is the main compilation's; `raw` (None
     when options turn the kernel off) the same before its offsets were split and projections
     fused: here its low-bit MatMuls, gate with up fused, go to vinoserve's kernel, and what the
     kernel does not take is prepared as the main graph is."""
     if raw is None:
-        return DecodeGraph(prepared, packed_copy_bytes(prepared))
+        return prepared, DecodeGraph(packed_copy_bytes(prepared))
     if options.fuse_projections:
         projections.fuse_projections(raw, activation_inputs=True)
     try:
@@ -119,9 +121,9 @@ def graph(prepared: ov.Model, raw: ov.Model | None, options: CompileOptions, cor
     except lowbit.Unavailable as e:
         if options.lowbit_kernel:
             raise ModelLoadError(f"the low-bit kernel was asked for: {e}") from e
-        return DecodeGraph(prepared, packed_copy_bytes(prepared), kernel_unavailable=str(e))
+        return prepared, DecodeGraph(packed_copy_bytes(prepared), kernel_unavailable=str(e))
     split_block_offsets(raw)
-    return DecodeGraph(raw, packed_copy_bytes(raw), count)
+    return raw, DecodeGraph(packed_copy_bytes(raw), count)
 
 
 def properties(main: dict[str, str]) -> dict[str, str]:

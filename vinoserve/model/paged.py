@@ -45,7 +45,7 @@ class PagedModel:
     options: CompileOptions
     layout: CacheLayout
     decode: ov.CompiledModel | None = None  # for steps of at most decode_model.MAX_TOKENS tokens
-    decode_graph: decode_model.DecodeGraph | None = None  # what it compiled, its weights' size, its kernel
+    decode_graph: decode_model.DecodeGraph | None = None  # its weights' size, its kernel
 
     @property
     def block_size(self) -> int:
@@ -116,8 +116,8 @@ def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None
     layout = _cache_layout(compiled)
     decode, decode_graph = None, None
     if options.decode_model:
-        decode_graph = decode_model.graph(model, raw, options, core)
-        decode = _compile(core, decode_graph.model, options.device, decode_model.properties(options.properties()))
+        graph, decode_graph = decode_model.graph(model, raw, options, core)
+        decode = _compile(core, graph, options.device, decode_model.properties(options.properties()))
         if _cache_layout(decode) != layout:
             raise ModelLoadError(f"the decode model's KV cache layout differs from the main one's: "
                                  f"{_cache_layout(decode)} vs {layout}")

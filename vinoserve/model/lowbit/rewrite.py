@@ -10,6 +10,7 @@ import openvino as ov
 import openvino.opset13 as ops
 from openvino.utils.node_factory import NodeFactory
 
+from vinoserve.memory import release_freed_heap
 from vinoserve.model.lowbit import pack
 
 OP = "LowBitMatMul"
@@ -32,7 +33,9 @@ def replace_matmuls(model: ov.Model, factory: NodeFactory) -> int:
         count += 1
     if count:
         model.validate_nodes_and_infer_types()
+        release_freed_heap()  # the repacking's temporaries, before compiling fills the heap around them
     return count
+
 
 
 def _decompression(weight: ov.Output) -> tuple[ov.Node, ov.Node, ov.Node | None] | None:
