@@ -40,13 +40,11 @@ struct Activations {  // x quantized per group: int8 values, a scale and the int
 };
 
 // Per group of 16 or 32: scale amax / 127, values rounded to nearest (even), as the plugin and
-// llama.cpp's q8 do. Reuses the calling thread's buffers: a step calls this some 200 times.
-const Activations& quantize(const float* x, size_t rows, size_t k, size_t group) {
-    thread_local Activations a;
+// llama.cpp's q8 do. Buffers of its own per call (a few KiB): a thread waiting in parallel_for may
+// run another node's call, so a thread's buffer could be rewritten under its readers.
+Activations quantize(const float* x, size_t rows, size_t k, size_t group) {
     const size_t groups = k / group;
-    a.q.resize(rows * k);
-    a.d.resize(rows * groups);
-    a.s.resize(rows * groups);
+    Activations a{std::vector<int8_t>(rows * k), std::vector<float>(rows * groups), std::vector<int32_t>(rows * groups)};
     for (size_t r = 0; r < rows; r++) {
         for (size_t g = 0; g < groups; g++) {
             const float* v = x + r * k + g * group;
@@ -190,7 +188,7 @@ public:
                   inputs.size() > 3 ? inputs[3].data() : nullptr, st == ov::element::f16,
                   static_cast<int>(m_bits), static_cast<int>(m_group), static_cast<int>(m_bias),
                   static_cast<size_t>(m_n), static_cast<size_t>(m_k)};
-        const Activations& a = quantize(inputs[0].data<float>(), rows, w.k, w.group);
+        const Activations a = quantize(inputs[0].data<float>(), rows, w.k, w.group);
         const TileFn fn = pick(w.bits, w.group);
         const size_t tiles = (w.n + 15) / 16;
         // One contiguous share of the tiles a thread: the rows are equal work, and a step's
