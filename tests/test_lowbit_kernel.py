@@ -4,6 +4,7 @@ products, the same float steps per row on every CPU that has the instructions), 
 against that arithmetic in numpy, to float rounding."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +103,17 @@ def test_the_decode_model_runs_its_low_bit_matmuls_on_the_kernel(kernel, q4_k):
     assert decode.count("Reference") == 2 * 6 + 1  # the extension's nodes (the plugin has no kernel of its own for them)
     assert not any(t.startswith("FullyConnected") for t in decode)  # no weight left to the plugin's matmuls
     assert "Reference" not in main and any(t.startswith("FullyConnected") for t in main)
+
+
+def test_a_cold_cache_builds_a_library_openvino_loads(tmp_path, monkeypatch):
+    """What a first start does (and the Docker image's build): compile the source into the cache."""
+    if not (shutil.which("c++") or shutil.which("g++")):
+        pytest.skip("no C++ compiler here")
+    monkeypatch.setenv("VINOSERVE_CACHE", str(tmp_path))
+    path = build.compile_library()
+    assert path.is_file() and path.is_relative_to(tmp_path)
+    ov.Core().add_extension(str(path))
+    assert build.compile_library() == path  # built once
 
 
 def test_where_it_cannot_be_built_the_plugin_runs_or_the_flag_fails_clearly(q4_k, tmp_path, monkeypatch):
