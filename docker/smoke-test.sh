@@ -77,3 +77,7 @@ r = json.load(sys.stdin)
 assert r["usage"]["completion_tokens"] == 8 and r["choices"][0]["finish_reason"] == "length", r
 print("completion:", repr(r["choices"][0]["text"]))'
 if grep -q Traceback "$work.log"; then log "traceback in the server log"; exit 1; fi
+# Which matmuls the decode model runs (where the CPU class takes one): the image carries the
+# low-bit kernel built at its build time, since it has no compiler to build one at start.
+grep -m1 "KV cache:" "$work.log" | sed 's/^/server: /' >&2 || true
+if grep -q "no C++ compiler" "$work.log"; then log "the image lacks its prebuilt low-bit kernel"; exit 1; fi

@@ -64,7 +64,8 @@ def library() -> Path:
 
 
 def compile_library() -> Path:
-    """The library for this source and OpenVINO, built if it is not yet (whatever this CPU)."""
+    """The library for this source and OpenVINO, built if it is not yet (whatever this CPU: the
+    Docker image builds it where its compiler is, then drops the compiler)."""
     target = built_path()
     if target.is_file():  # built earlier, maybe where a compiler was (the Docker image's build)
         return target
@@ -85,7 +86,3 @@ def compile_library() -> Path:
     except (OSError, subprocess.TimeoutExpired) as e:
         raise Unavailable(f"cannot build the low-bit matmul kernel into {target.parent}: {e}") from e
     return target
-
-
-if __name__ == "__main__":  # the Docker image builds it where its compiler is, then drops the compiler
-    print(compile_library())
