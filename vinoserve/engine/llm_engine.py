@@ -24,7 +24,7 @@ from vinoserve.engine.text_output import TextOutput
 from vinoserve.engine.warm_up import warm_up
 from vinoserve.memory import release_freed_heap
 from vinoserve.model.loader import LoadedModel, load_model
-from vinoserve.model import cpu_defaults, decode_model
+from vinoserve.model import cpu_defaults
 from vinoserve.scheduler.grammar import GrammarCompiler
 from vinoserve.scheduler.sampler import Sampler, SamplingState
 from vinoserve.scheduler.sampling_params import SamplingParams
@@ -87,11 +87,7 @@ class LLMEngine:
         self._flight: Launch | None = None  # the step computing between two calls of step()
         log(f"KV cache: {num_blocks} blocks of {paged.block_size} tokens, {self.cache.nbytes / 2**30:.2f} GiB "
             f"({paged.layout.key_type.get_type_name()} keys, {paged.layout.value_type.get_type_name()} values)"
-            + (f"; steps of up to {decode_model.MAX_TOKENS} tokens on the decode model, a second packed copy of "
-               f"the weights (about {paged.decode_graph.packed_bytes / 2**30:.2f} GiB; --decode-model off saves it), "
-               + (f"{paged.decode_graph.kernel_matmuls} matmuls on vinoserve's low-bit kernel" if paged.decode_graph.kernel_matmuls
-                  else f"the plugin's matmuls ({paged.decode_graph.kernel_unavailable or 'none the low-bit kernel takes'})")
-               if paged.decode_graph else "")
+            + (f"; {paged.decode_graph.describe()}" if paged.decode_graph else "")
             + (f"; defaults for CPU class {cpu_defaults.this_cpu().value}" if options.device == "CPU" else ""))
         release_freed_heap()  # the load's temporaries (see memory.py)
 

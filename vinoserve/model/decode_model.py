@@ -11,9 +11,10 @@ Q4_0 `auto`, decode `infer()`: 73 ms against 95 at one sequence (docs/performanc
 So the model is compiled twice and the runner sends each step to one of them by its token
 count. The decode model's 4- and 8-bit MatMuls run on vinoserve's own kernel where it builds
 (model/lowbit: the same int8 activations, at the memory's pace where the plugin's kernel is
-bound by unpacking; gate and up fused, block offsets inside the product), else on the plugin's. Both write one KV cache, which fixes its precision: an f32 kernel reads f32 or u8 blocks, a
-bf16 one bf16 or u8, so the cache is u8. The cost is a second packed copy of the weights (1.5B
-Q4_0: +1.0 GiB resident), so `auto` takes it only where both copies fit in half the machine's
+bound by unpacking; gate and up fused, block offsets inside the product), else on the plugin's.
+Both write one KV cache, which fixes its precision: an f32 kernel reads f32 or u8 blocks, a bf16
+one bf16 or u8, so the cache is u8. The cost is a second packed copy of the weights (1.5B Q4_0:
++0.8 GiB resident on the kernel, +1.0 on the plugin's), so `auto` takes it only where both copies fit in half the machine's
 memory (or the container's limit): a server whose weights are a larger share has better use for
 it (KV cache), and there several sequences decode at once, where the decode model does not run
 anyway.
@@ -104,6 +105,12 @@ class DecodeGraph:
     packed_bytes: int  # about what its second copy of the weights takes
     kernel_matmuls: int = 0  # MatMuls on vinoserve's kernel (model/lowbit)
     kernel_unavailable: str = ""  # why none are, where it was wanted
+
+    def describe(self) -> str:
+        matmuls = (f"{self.kernel_matmuls} matmuls on vinoserve's low-bit kernel" if self.kernel_matmuls else
+                   f"the plugin's matmuls ({self.kernel_unavailable or 'none the low-bit kernel takes'})")
+        return (f"steps of up to {MAX_TOKENS} tokens on the decode model, a second packed copy of the weights "
+                f"(about {self.packed_bytes / 2**30:.2f} GiB; --decode-model off saves it), {matmuls}")
 
 
 def graph(prepared: ov.Model, raw: ov.Model | None, options: CompileOptions,
