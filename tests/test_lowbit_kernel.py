@@ -30,21 +30,22 @@ def kernel() -> str:
 
 
 def _matmul(rows: int, k: int, group: int, element: ov.Type, scale_type, offset_type, rng):
-    """MatMul(x, weight) with the weight chain weights.py writes, and the weight in f32."""
+    """MatMul(x, weight) with the weight chain weights.py writes; the weight's integers times their
+    scales, and its offsets per group (or None), in f32."""
     bits, signed = element.bitwidth, element in (ov.Type.i4, ov.Type.i8)
     low = -(1 << (bits - 1)) if signed else 0
     q = rng.integers(low, low + (1 << bits), (rows, k // group, group))
     scale = (rng.random((rows, k // group, 1)) * 0.02 + 0.001).astype(scale_type)
     w = ops.multiply(ops.convert(ops.constant(q.astype(np.int8 if signed else np.uint8), element),
                                  ov.Type.f32 if scale_type == np.float32 else ov.Type.f16), ops.constant(scale))
-    dense = q * scale.astype(np.float32)
+    scaled, offsets = (q * scale.astype(np.float32)).reshape(rows, k), None
     if offset_type is not None:
         offset = (rng.standard_normal((rows, k // group, 1)) * 0.01).astype(offset_type)
         w = ops.add(w, ops.constant(offset))
-        dense = dense + offset.astype(np.float32)
+        offsets = offset.astype(np.float32).reshape(rows, k // group)
     w = ops.convert(ops.reshape(w, ops.constant(np.array([rows, k])), False), ov.Type.f32)
     x = ops.parameter([-1, k], np.float32)
-    return ov.Model([ops.matmul(x, w, False, True).output(0)], [x]), dense.reshape(rows, k)
+    return ov.Model([ops.matmul(x, w, False, True).output(0)], [x]), scaled, offsets
 
 
 def _int8_activations(x: np.ndarray, group: int) -> np.ndarray:
@@ -64,10 +65,11 @@ def _int8_activations(x: np.ndarray, group: int) -> np.ndarray:
     (ov.Type.u8, 32, np.float16, np.float16),
 ])
 def test_the_kernel_computes_its_arithmetic(kernel, element, group, scale_type, offset_type):
-    """200 rows (the last tile of 16 partial), 15 rows of x (the 8, 4, 2 and 1-row paths), and
-    each row of x alone gives bit for bit what it gives in the batch."""
+    """The integers against x rounded to int8 per group, the offsets against x's exact group sums.
+    200 rows (the last tile of 16 partial), 15 rows of x (the 8, 4, 2 and 1-row paths), and each
+    row of x alone gives bit for bit what it gives in the batch."""
     rng = np.random.default_rng(7)
-    model, dense = _matmul(200, 512, group, element, scale_type, offset_type, rng)
+    model, scaled, offsets = _matmul(200, 512, group, element, scale_type, offset_type, rng)
     core = ov.Core()
     assert lowbit.use_kernel(model, core) == 1
     assert [n.get_type_name() for n in model.get_ordered_ops()].count(lowbit.OP) == 1
@@ -75,7 +77,9 @@ def test_the_kernel_computes_its_arithmetic(kernel, element, group, scale_type, 
     x = rng.standard_normal((15, 512)).astype(np.float32)
     x[3] = 0  # a row of zeros: scale 0, no division by it
     y = compiled([x])[0]
-    expected = _int8_activations(x, group).astype(np.float64) @ dense.T.astype(np.float64)
+    expected = _int8_activations(x, group).astype(np.float64) @ scaled.T.astype(np.float64)
+    if offsets is not None:
+        expected += x.reshape(15, -1, group).sum(-1).astype(np.float64) @ offsets.T.astype(np.float64)
     np.testing.assert_allclose(y, expected, rtol=0, atol=2e-5 * np.abs(expected).max())
     assert not np.any(y[3])
     for i in (0, 14):
