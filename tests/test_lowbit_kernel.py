@@ -13,6 +13,7 @@ import openvino.opset13 as ops
 import pytest
 
 from vinoserve.model import lowbit
+from vinoserve.model.cpu_defaults import cpu_flags
 from vinoserve.model.errors import ModelLoadError
 from vinoserve.model.gguf_loader import GGUFModel
 from vinoserve.model.graph import build_model
@@ -116,7 +117,8 @@ def test_a_cold_cache_builds_a_library_openvino_loads(tmp_path, monkeypatch):
     monkeypatch.setenv("VINOSERVE_CACHE", str(tmp_path))
     path = build.compile_library()
     assert path.is_file() and path.is_relative_to(tmp_path)
-    ov.Core().add_extension(str(path))
+    if build.NEEDED_FLAGS <= cpu_flags():  # compiled for AVX-512 throughout: loaded only where it runs
+        ov.Core().add_extension(str(path))
     assert build.compile_library() == path  # built once
 
 
