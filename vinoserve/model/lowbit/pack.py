@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 TILE = 16
-_ROWS_AT_ONCE = 4096  # bounds the unpacked temporaries of a large token table
+_ROWS_AT_ONCE = 4096  # bounds the padded and transposed copies of a large matrix (not `unsigned`'s input)
 
 
 def unsigned(packed: np.ndarray, rows: int, k: int, bits: int, signed: bool) -> np.ndarray:

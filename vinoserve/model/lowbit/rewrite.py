@@ -37,7 +37,6 @@ def replace_matmuls(model: ov.Model, factory: NodeFactory) -> int:
     return count
 
 
-
 def _decompression(weight: ov.Output) -> tuple[ov.Node, ov.Node, ov.Node | None] | None:
     """Convert(f32) <- Reshape [rows, K] <- [Add(.., offset [rows, G, 1]) <-] Multiply(Convert(q
     [rows, G, g]), scale [rows, G, 1]): the q, scale and offset constants, where the kernel takes
