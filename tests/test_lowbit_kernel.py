@@ -4,6 +4,7 @@ products, the same float steps per row on every CPU that has the instructions), 
 against that arithmetic in numpy, to float rounding."""
 from __future__ import annotations
 
+import collections
 import shutil
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from vinoserve.model.cpu_defaults import cpu_flags
 from vinoserve.model.errors import ModelLoadError
 from vinoserve.model.gguf_loader import GGUFModel
 from vinoserve.model.graph import build_model
-from vinoserve.model.lowbit import build
+from vinoserve.model.lowbit import build, pack
 from vinoserve.model.paged import compile_paged
 from vinoserve.model.compile_options import CompileOptions
 
@@ -36,17 +37,28 @@ def _matmul(rows: int, k: int, group: int, element: ov.Type, scale_type, offset_
     bits, signed = element.bitwidth, element in (ov.Type.i4, ov.Type.i8)
     low = -(1 << (bits - 1)) if signed else 0
     q = rng.integers(low, low + (1 << bits), (rows, k // group, group))
-    scale = (rng.random((rows, k // group, 1)) * 0.02 + 0.001).astype(scale_type)
+    if scale_type == "k":  # a K-quant's: an f16 per 256 weights times an integer per group, f32
+        scale = _k_factors(rng, rows, k // group, 256 // group, 0.0004, (-128, 128) if signed else (0, 64))
+    else:
+        scale = (rng.random((rows, k // group, 1)) * 0.02 + 0.001).astype(scale_type)
     w = ops.multiply(ops.convert(ops.constant(q.astype(np.int8 if signed else np.uint8), element),
-                                 ov.Type.f32 if scale_type == np.float32 else ov.Type.f16), ops.constant(scale))
+                                 ov.Type.f16 if scale.dtype == np.float16 else ov.Type.f32), ops.constant(scale))
     scaled, offsets = (q * scale.astype(np.float32)).reshape(rows, k), None
     if offset_type is not None:
-        offset = (rng.standard_normal((rows, k // group, 1)) * 0.01).astype(offset_type)
+        if offset_type == "k":  # weights.py's centring of a K-quant's minimum: -dmin * m + 8 (Q5_K: 16) * scale
+            offset = -_k_factors(rng, rows, k // group, 256 // group, 0.0002, (0, 64)) + (8 if bits == 4 else 16) * scale
+        else:
+            offset = (rng.standard_normal((rows, k // group, 1)) * 0.01).astype(offset_type)
         w = ops.add(w, ops.constant(offset))
         offsets = offset.astype(np.float32).reshape(rows, k // group)
     w = ops.convert(ops.reshape(w, ops.constant(np.array([rows, k])), False), ov.Type.f32)
     x = ops.parameter([-1, k], np.float32)
     return ov.Model([ops.matmul(x, w, False, True).output(0)], [x]), scaled, offsets
+
+
+def _k_factors(rng, rows: int, groups: int, block: int, unit: float, ints: tuple[int, int]) -> np.ndarray:
+    d = (rng.random((rows, groups // block, 1, 1)) * unit + unit / 4).astype(np.float16).astype(np.float32)
+    return (d * rng.integers(*ints, (rows, groups // block, block, 1))).reshape(rows, groups, 1).astype(np.float32)
 
 
 def _int8_activations(x: np.ndarray, group: int) -> np.ndarray:
@@ -59,13 +71,16 @@ def _int8_activations(x: np.ndarray, group: int) -> np.ndarray:
 
 @pytest.mark.parametrize("element,group,scale_type,offset_type", [
     (ov.Type.i4, 32, np.float16, None),        # Q4_0
-    (ov.Type.i4, 32, np.float32, np.float32),  # Q4_K, Q4_1 (centred, an offset per block)
-    (ov.Type.i8, 16, np.float32, None),        # Q6_K
+    (ov.Type.i4, 32, np.float32, np.float32),  # Q4_1 (centred, an offset per block)
+    (ov.Type.i4, 32, "k", "k"),                # Q4_K: its factors found again
+    (ov.Type.i8, 16, "k", None),               # Q6_K
+    (ov.Type.i8, 32, "k", "k"),                # Q5_K
+    (ov.Type.i8, 16, np.float32, None),
     (ov.Type.i8, 32, np.float16, None),        # Q8_0
     (ov.Type.u4, 16, np.float16, np.float16),
     (ov.Type.u8, 32, np.float16, np.float16),
 ])
-def test_the_kernel_computes_its_arithmetic(kernel, element, group, scale_type, offset_type):
+def test_the_kernel_computes_its_arithmetic(kernel, element, group, scale_type, offset_type, monkeypatch):
     """The integers against x rounded to int8 per group, the offsets against x's exact group sums.
     200 rows (the last tile of 16 partial), 15 rows of x (the 8, 4, 2 and 1-row paths), and each
     row of x alone gives bit for bit what it gives in the batch."""
@@ -85,6 +100,13 @@ def test_the_kernel_computes_its_arithmetic(kernel, element, group, scale_type, 
     assert not np.any(y[3])
     for i in (0, 14):
         np.testing.assert_array_equal(compiled([x[i:i + 1]])[0][0], y[i])
+    node, = (n for n in model.get_ordered_ops() if n.get_type_name() == lowbit.OP)
+    assert (node.get_attributes()["block"] > 0) == (scale_type == "k")
+    if scale_type == "k":  # the factors give bit for bit what their f32 products give
+        monkeypatch.setattr(pack, "factor", lambda s, block: None)
+        plain, _, _ = _matmul(200, 512, group, element, scale_type, offset_type, np.random.default_rng(7))
+        assert lowbit.use_kernel(plain, core) == 1
+        np.testing.assert_array_equal(core.compile_model(plain, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})([x])[0], y)
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +130,16 @@ def test_the_decode_model_runs_its_low_bit_matmuls_on_the_kernel(kernel, q4_k):
     assert decode.count("Reference") == 2 * 6 + 1  # the extension's nodes (the plugin has no kernel of its own for them)
     assert not any(t.startswith("FullyConnected") for t in decode)  # no weight left to the plugin's matmuls
     assert "Reference" not in main and any(t.startswith("FullyConnected") for t in main)
+
+
+def test_k_quant_products_keep_the_files_factors(kernel, q4_k):
+    """Q4_K, Q5_K and Q6_K: an f16 per 256 weights and an int8 per group (0.58 bytes a Q4_K weight
+    where their f32 products take 0.75); the other products' floats as they are."""
+    model = build_model(q4_k.config, q4_k.tensor, "auto")
+    assert lowbit.use_kernel(model, ov.Core()) == 2 * 7 + 1
+    layouts = collections.Counter((n.get_attributes()["bits"], n.get_attributes()["group"], n.get_attributes()["block"])
+                                  for n in model.get_ordered_ops() if n.get_type_name() == lowbit.OP)
+    assert layouts == {(4, 32, 8): 10, (8, 32, 8): 2, (8, 16, 16): 3}  # Q4_K, Q5_K, Q6_K (the LM head's too)
 
 
 def test_a_cold_cache_builds_a_library_openvino_loads(tmp_path, monkeypatch):

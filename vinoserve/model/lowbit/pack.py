@@ -3,6 +3,8 @@
 scales of a tile and group side by side."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 TILE = 16
@@ -47,3 +49,48 @@ def pack_floats(x: np.ndarray) -> np.ndarray:
     tiles = -(-rows // TILE)
     x = np.pad(x, ((0, tiles * TILE - rows), (0, 0)))
     return np.ascontiguousarray(x.reshape(tiles, TILE, groups).transpose(0, 2, 1))
+
+
+def factor(s: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """f32 [rows, groups] -> (f16 [rows, groups // block], int8 [rows, groups]) whose products are
+    s exactly in f32, or None where some block of `block` groups has no such factors.
+
+    K-quants store a scale as an f16 per 256 weights times a 6- or 8-bit integer per group;
+    weights.py hands the graph their f32 products, so the factors are found again: a block's
+    largest magnitude is d times some integer c (63 for Q4_K's sub-scales, 128 for Q6_K's), tried
+    in that order, then any other, each only on the blocks still unsolved."""
+    rows, groups = s.shape
+    b = s.reshape(-1, block)
+    m = np.abs(b).max(-1)
+    d = np.zeros(len(b), np.float16)
+    q = np.zeros(b.shape, np.int8)
+    todo = np.flatnonzero(m)  # all-zero blocks: d = 0, q = 0
+    for c, sign in itertools.product((63, 128, 127, *range(126, 0, -1)), (1, -1)):
+        if not len(todo):
+            break
+        dc = (sign * m[todo] / np.float32(c)).astype(np.float16)
+        wide = dc.astype(np.float32)[:, None]
+        qc = np.rint(np.divide(b[todo], wide, out=np.zeros_like(b[todo]), where=wide != 0))
+        ok = (dc != 0) & np.all((qc >= -128) & (qc <= 127) & (wide * qc == b[todo]), -1)
+        d[todo[ok]], q[todo[ok]] = dc[ok], qc[ok].astype(np.int8)
+        todo = todo[~ok]
+    return None if len(todo) else (d.reshape(rows, groups // block), q.reshape(rows, groups))
+
+
+def pack_factored(d: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """factor()'s f16 [rows, blocks] and int8 [rows, groups] -> bytes: per tile and block the 16
+    rows' f16s, then per group of the block the 16 rows' int8s (bytes: the plugin widens f16 constants)."""
+    blocks = d.shape[1]
+    head = pack_floats(d).view(np.uint8).reshape(-1, blocks, 2 * TILE)
+    ints = pack_floats(q).view(np.uint8).reshape(head.shape[0], blocks, -1)
+    return np.concatenate([head, ints], axis=-1).reshape(-1)
+
+
+def minimum(offset: np.ndarray, scale: np.ndarray, centre: int) -> np.ndarray | None:
+    """weights.py's centred offset (o + centre * scale in f32, o the block's minimum) -> o, where
+    the kernel's fma(scale, centre, o) gives the offset back exactly; else None."""
+    lead = np.float32(centre) * scale
+    o = offset - lead
+    total = lead.astype(np.float64) + o.astype(np.float64)
+    exact = total - lead == o  # the f64 sum is exact, so its f32 rounding is fma's single one
+    return o if np.all(exact & (total.astype(np.float32) == offset)) else None

@@ -16,6 +16,8 @@ from vinoserve.model.lowbit import pack
 OP = "LowBitMatMul"
 _SIGNED = {ov.Type.i4: True, ov.Type.u4: False, ov.Type.i8: True, ov.Type.u8: False}
 _GROUPS = (16, 32)  # what the kernel has code for
+K_BLOCK = 256  # weights a K-quant's f16 factor covers
+_CENTRES = (8, 16)  # weights.py's centring of Q4_K's and Q5_K's values (quantized._centred)
 
 
 def replace_matmuls(model: ov.Model, factory: NodeFactory) -> int:
@@ -66,9 +68,40 @@ def _decompression(weight: ov.Output) -> tuple[ov.Node, ov.Node, ov.Node | None]
     return q, scale, offset
 
 
-def _floats(c: ov.Node, rows: int, groups: int, f32: bool) -> ov.Output:
-    data = np.asarray(c.get_data()).reshape(rows, groups)
-    return ops.constant(pack.pack_floats(data.astype(np.float32) if f32 else data)).output(0)
+def _floats(c: ov.Node, rows: int, groups: int) -> np.ndarray:
+    return np.asarray(c.get_data()).reshape(rows, groups)
+
+
+def _float_inputs(scale: ov.Node, offset: ov.Node | None, rows: int, groups: int,
+                  group: int) -> tuple[list[np.ndarray], dict[str, int]]:
+    """The kernel's scale and offset inputs, and its `block` and `centre`: f32 scales (the
+    K-quants') as the file's factors where they give them back exactly, else the floats, one type
+    for both."""
+    block = K_BLOCK // group
+    factored = _factored(scale, offset, rows, groups, block) if scale.get_element_type() == ov.Type.f32 \
+        and groups % block == 0 else None
+    if factored is not None:
+        return factored
+    f32 = any(c is not None and c.get_element_type() == ov.Type.f32 for c in (scale, offset))
+    return [pack.pack_floats(_floats(c, rows, groups).astype(np.float32 if f32 else np.float16))
+            for c in (scale, offset) if c is not None], {"block": 0, "centre": 0}
+
+
+def _factored(scale: ov.Node, offset: ov.Node | None, rows: int, groups: int,
+              block: int) -> tuple[list[np.ndarray], dict[str, int]] | None:
+    s = _floats(scale, rows, groups)
+    s_factors = pack.factor(s, block)
+    if s_factors is None:
+        return None
+    if offset is None:
+        return [pack.pack_factored(*s_factors)], {"block": block, "centre": 0}
+    o = _floats(offset, rows, groups).astype(np.float32)
+    for centre in _CENTRES:
+        m = pack.minimum(o, s, centre)
+        m_factors = None if m is None else pack.factor(m, block)
+        if m_factors is not None:
+            return [pack.pack_factored(*s_factors), pack.pack_factored(*m_factors)], {"block": block, "centre": centre}
+    return None
 
 
 def _lowbit_node(factory: NodeFactory, x: ov.Output, q: ov.Node, scale: ov.Node, offset: ov.Node | None) -> ov.Node:
@@ -76,11 +109,9 @@ def _lowbit_node(factory: NodeFactory, x: ov.Output, q: ov.Node, scale: ov.Node,
     k = groups * group
     bits = q.get_element_type().bitwidth
     signed = _SIGNED[q.get_element_type()]
+    bias = (1 << (bits - 1)) if signed else 0
     u = pack.unsigned(q.get_data(), rows, k, bits, signed)
     packed = ops.constant(pack.pack_weights(u, bits, group))
-    # the kernel reads scales and offsets as one float type: f32 where either is
-    f32 = any(c is not None and c.get_element_type() == ov.Type.f32 for c in (scale, offset))
-    floats = [_floats(c, rows, groups, f32) for c in (scale, offset) if c is not None]
-    bias = (1 << (bits - 1)) if signed else 0
-    return factory.create(OP, [x, packed.output(0), *floats],
-                          {"n": rows, "k": k, "bits": bits, "group": group, "bias": bias})
+    floats, layout = _float_inputs(scale, offset, rows, groups, group)
+    return factory.create(OP, [x, packed.output(0), *(ops.constant(f).output(0) for f in floats)],
+                          {"n": rows, "k": k, "bits": bits, "group": group, "bias": bias, **layout})
