@@ -75,7 +75,7 @@ def _int8_activations(x: np.ndarray, group: int) -> np.ndarray:
     (ov.Type.i4, 32, "k", "k"),                # Q4_K: its factors found again
     (ov.Type.i8, 16, "k", None),               # Q6_K
     (ov.Type.i8, 32, "k", "k"),                # Q5_K
-    (ov.Type.i8, 16, np.float32, None),
+    (ov.Type.i8, 16, np.float32, None),        # f32 scales that have no factors
     (ov.Type.i8, 32, np.float16, None),        # Q8_0
     (ov.Type.u4, 16, np.float16, np.float16),
     (ov.Type.u8, 32, np.float16, np.float16),

@@ -22,11 +22,10 @@
 // Scales (and offsets) per tile and group: 16 floats (f16 or f32), one per row; or, where the
 // attribute `block` > 0 (K-quants), factored as the file stores them, in bytes (the plugin would
 // widen an f16 constant): per tile and block of `block` groups 16 f16s, then per group 16 int8s;
-// scale = f16 * int8 (exact in f32). The
-// offset's factors are the file's minimum, o; the kernel adds back centre * scale, the centring
-// weights.py applied (8 for Q4_K, 16 for Q5_K), with one rounding as numpy's f32 sum:
-// offset = fma(scale, centre, o).
-// 0.58 bytes a Q4_K weight instead of 0.75, 1.07 a Q6_K one instead of 1.25.
+// scale = f16 * int8, exact in f32. An offset's factors are the block minimum's, o; the kernel
+// adds back centre * scale, the centring weights.py applied (8 for Q4_K, 16 for Q5_K), rounded
+// once as numpy's f32 sum was: offset = fma(scale, centre, o). 0.58 bytes a Q4_K weight instead
+// of 0.75, 1.07 a Q6_K one instead of 1.25.
 #include <immintrin.h>
 
 #include <algorithm>
