@@ -57,8 +57,12 @@ def _matmul(rows: int, k: int, group: int, element: ov.Type, scale_type, offset_
 
 
 def _k_factors(rng, rows: int, groups: int, block: int, unit: float, ints: tuple[int, int]) -> np.ndarray:
+    """f16 d per block times integers in [ints), one per block at the range's end of largest
+    magnitude, as llama.cpp's quantizers leave them (63 for Q4_K, -128 for Q6_K)."""
     d = (rng.random((rows, groups // block, 1, 1)) * unit + unit / 4).astype(np.float16).astype(np.float32)
-    return (d * rng.integers(*ints, (rows, groups // block, block, 1))).reshape(rows, groups, 1).astype(np.float32)
+    q = rng.integers(*ints, (rows, groups // block, block, 1))
+    q[:, :, 0] = ints[0] if ints[0] < 0 else ints[1] - 1
+    return (d * q).reshape(rows, groups, 1).astype(np.float32)
 
 
 def _int8_activations(x: np.ndarray, group: int) -> np.ndarray:
@@ -140,6 +144,17 @@ def test_k_quant_products_keep_the_files_factors(kernel, q4_k):
     layouts = collections.Counter((n.get_attributes()["bits"], n.get_attributes()["group"], n.get_attributes()["block"])
                                   for n in model.get_ordered_ops() if n.get_type_name() == lowbit.OP)
     assert layouts == {(4, 32, 8): 10, (8, 32, 8): 2, (8, 16, 16): 3}  # Q4_K, Q5_K, Q6_K (the LM head's too)
+
+
+def test_scales_factor_only_where_the_products_come_back_exactly():
+    rng = np.random.default_rng(3)
+    s = _k_factors(rng, 64, 16, 8, 0.0004, (0, 64)).reshape(64, 16)
+    d, q = pack.factor(s, 8)
+    assert d.dtype == np.float16 and q.dtype == np.int8
+    np.testing.assert_array_equal(np.repeat(d.astype(np.float32), 8, axis=1) * q, s)
+    assert pack.factor(rng.random((64, 16)).astype(np.float32), 8) is None  # not a K-quant's
+    assert pack.factor(np.full((4, 8), 1e30, np.float32), 8) is None  # beyond f16
+    assert not pack.factor(np.zeros((4, 8), np.float32), 8)[1].any()
 
 
 def test_a_cold_cache_builds_a_library_openvino_loads(tmp_path, monkeypatch):

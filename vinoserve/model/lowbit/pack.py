@@ -57,21 +57,24 @@ def factor(s: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray] | None:
 
     K-quants store a scale as an f16 per 256 weights times a 6- or 8-bit integer per group;
     weights.py hands the graph their f32 products, so the factors are found again: a block's
-    largest magnitude is d times some integer c (63 for Q4_K's sub-scales, 128 for Q6_K's), tried
-    in that order, then any other, each only on the blocks still unsolved."""
+    largest magnitude is d times some integer c (63 for Q4_K's and Q5_K's sub-scales, 128 for
+    Q6_K's, as llama.cpp quantizes), tried in that order, then any other on the few blocks still
+    unsolved. Where those leave more than 1% of the blocks unsolved, the scales are not a
+    K-quant's, and each further candidate would be another pass over them."""
     rows, groups = s.shape
     b = s.reshape(-1, block)
     m = np.abs(b).max(-1)
     d = np.zeros(len(b), np.float16)
     q = np.zeros(b.shape, np.int8)
     todo = np.flatnonzero(m)  # all-zero blocks: d = 0, q = 0
-    for c, sign in itertools.product((63, 128, 127, *range(126, 0, -1)), (1, -1)):
-        if not len(todo):
+    for i, (c, sign) in enumerate(itertools.product((63, 128, 127, *range(126, 0, -1)), (1, -1))):
+        if not len(todo) or (i == 6 and len(todo) > len(b) // 100):
             break
-        dc = (sign * m[todo] / np.float32(c)).astype(np.float16)
-        wide = dc.astype(np.float32)[:, None]
-        qc = np.rint(np.divide(b[todo], wide, out=np.zeros_like(b[todo]), where=wide != 0))
-        ok = (dc != 0) & np.all((qc >= -128) & (qc <= 127) & (wide * qc == b[todo]), -1)
+        with np.errstate(over="ignore", invalid="ignore"):  # beyond f16's range: inf, which fails the test
+            dc = (sign * m[todo] / np.float32(c)).astype(np.float16)
+            wide = dc.astype(np.float32)[:, None]
+            qc = np.rint(np.divide(b[todo], wide, out=np.zeros_like(b[todo]), where=wide != 0))
+            ok = (dc != 0) & np.all((qc >= -128) & (qc <= 127) & (wide * qc == b[todo]), -1)
         d[todo[ok]], q[todo[ok]] = dc[ok], qc[ok].astype(np.int8)
         todo = todo[~ok]
     return None if len(todo) else (d.reshape(rows, groups // block), q.reshape(rows, groups))
