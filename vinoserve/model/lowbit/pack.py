@@ -51,33 +51,54 @@ def pack_floats(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x.reshape(tiles, TILE, groups).transpose(0, 2, 1))
 
 
+_FIRST = [(63, 1), (63, -1), (128, 1), (128, -1), (127, 1), (127, -1)]  # llama.cpp's largest sub-scales
+_REST = list(itertools.product(range(126, 0, -1), (1, -1)))
+
+
 def factor(s: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray] | None:
     """f32 [rows, groups] -> (f16 [rows, groups // block], int8 [rows, groups]) whose products are
     s exactly in f32, or None where some block of `block` groups has no such factors.
 
     K-quants store a scale as an f16 per 256 weights times a 6- or 8-bit integer per group;
     weights.py hands the graph their f32 products, so the factors are found again: a block's
-    largest magnitude is d times some integer c (63 for Q4_K's and Q5_K's sub-scales, 128 for
-    Q6_K's, as llama.cpp quantizes), tried in that order, then any other on the few blocks still
-    unsolved. Where those leave more than 1% of the blocks unsolved, the scales are not a
-    K-quant's, and each further candidate would be another pass over them."""
+    largest magnitude is d times some integer c, 63 for Q4_K's and Q5_K's sub-scales and -128 for
+    Q6_K's as llama.cpp quantizes (tried in the order that solves most of a sample of blocks),
+    then any other on the few blocks still unsolved. Where those leave more than 1% unsolved, the
+    scales are not a K-quant's, and each further candidate would be another pass over them."""
     rows, groups = s.shape
     b = s.reshape(-1, block)
-    m = np.abs(b).max(-1)
+    m = np.abs(b[:, 0])
+    for j in range(1, block):  # column by column: a reduction over a short last axis is slow
+        np.maximum(m, np.abs(b[:, j]), out=m)
     d = np.zeros(len(b), np.float16)
     q = np.zeros(b.shape, np.int8)
     todo = np.flatnonzero(m)  # all-zero blocks: d = 0, q = 0
-    for i, (c, sign) in enumerate(itertools.product((63, 128, 127, *range(126, 0, -1)), (1, -1))):
-        if not len(todo) or (i == 6 and len(todo) > len(b) // 100):
+    sample = todo[:1024]
+    first = sorted(_FIRST, key=lambda cs: -_solve(b[sample], m[sample], *cs)[2].sum())
+    for i, (c, sign) in enumerate(first + _REST):
+        if not len(todo) or (i == len(first) and len(todo) > len(b) // 100):
             break
-        with np.errstate(over="ignore", invalid="ignore"):  # beyond f16's range: inf, which fails the test
-            dc = (sign * m[todo] / np.float32(c)).astype(np.float16)
-            wide = dc.astype(np.float32)[:, None]
-            qc = np.rint(np.divide(b[todo], wide, out=np.zeros_like(b[todo]), where=wide != 0))
-            ok = (dc != 0) & np.all((qc >= -128) & (qc <= 127) & (wide * qc == b[todo]), -1)
+        whole = len(todo) == len(b)  # views, not gathered copies, for the pass that solves most
+        dc, qc, ok = _solve(b if whole else b[todo], m if whole else m[todo], c, sign)
+        if whole and ok.all():
+            return dc.reshape(rows, groups // block), qc.astype(np.int8).reshape(rows, groups)
         d[todo[ok]], q[todo[ok]] = dc[ok], qc[ok].astype(np.int8)
         todo = todo[~ok]
     return None if len(todo) else (d.reshape(rows, groups // block), q.reshape(rows, groups))
+
+
+def _solve(b: np.ndarray, m: np.ndarray, c: int, sign: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each block's d = sign * m / c as f16, its integers b / d, and whether they give b back."""
+    # d = 0 or beyond f16's range (inf) gives nan or inf integers, which fail the test
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        dc = (sign * m / np.float32(c)).astype(np.float16)
+        wide = dc.astype(np.float32)[:, None]
+        qc = np.rint(b / wide)
+        exact = (qc >= -128) & (qc <= 127) & (wide * qc == b)
+    ok = dc != 0
+    for j in range(b.shape[1]):
+        ok &= exact[:, j]
+    return dc, qc, ok
 
 
 def pack_factored(d: np.ndarray, q: np.ndarray) -> np.ndarray:
