@@ -10,15 +10,14 @@ Q4_0 `auto`, decode `infer()`: 73 ms against 95 at one sequence (docs/performanc
 
 So the model is compiled twice and the runner sends each step to one of them by its token
 count. The decode model's 4- and 8-bit MatMuls run on vinoserve's own kernel where it builds
-(model/lowbit: the same int8 activations, about 1.4x the decode of the plugin's kernel, which
-unpacking binds, at 1.5B; gate and up fused, block offsets inside the product), else on the
-plugin's.
-Both write one KV cache, which fixes its precision: an f32 kernel reads f32 or u8 blocks, a bf16
-one bf16 or u8, so the cache is u8. The cost is a second packed copy of the weights (1.5B Q4_0:
-+0.8 GiB resident on the kernel, +1.0 on the plugin's), so `auto` takes it only where both copies fit in half the machine's
-memory (or the container's limit): a server whose weights are a larger share has better use for
-it (KV cache), and there several sequences decode at once, where the decode model does not run
-anyway.
+(model/lowbit: the same int8 activations; gate and up fused, block offsets inside the product;
+at 1.5B about 1.4x the decode of the plugin's kernel, which unpacking binds), else on the
+plugin's. Both write one KV cache, which fixes its precision: an f32 kernel reads f32 or u8
+blocks, a bf16 one bf16 or u8, so the cache is u8. The cost is a second packed copy of the
+weights (1.5B Q4_0: +0.8 GiB resident on the kernel, +1.0 on the plugin's), so `auto` takes it
+only where both copies fit in half the machine's memory (or the container's limit): a server
+whose weights are a larger share has better use for it (KV cache), and there several sequences
+decode at once, where the decode model does not run anyway.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 
 TILE = 16
-_ROWS_AT_ONCE = 4096  # bounds the padded and transposed copies of a large matrix (not `unsigned`'s input)
+_ROWS_AT_ONCE = 4096  # bounds pack_weights' padded and transposed copies of a large matrix
 
 
 def unsigned(packed: np.ndarray, rows: int, k: int, bits: int, signed: bool) -> np.ndarray:

@@ -78,10 +78,10 @@ def _float_inputs(scale: ov.Node, offset: ov.Node | None, rows: int, groups: int
     K-quants') as the file's factors where they give them back exactly, else the floats, one type
     for both."""
     block = K_BLOCK // group
-    factored = _factored(scale, offset, rows, groups, block) if scale.get_element_type() == ov.Type.f32 \
-        and groups % block == 0 else None
-    if factored is not None:
-        return factored
+    if scale.get_element_type() == ov.Type.f32 and groups % block == 0:
+        factored = _factored(scale, offset, rows, groups, block)
+        if factored is not None:
+            return factored
     f32 = any(c is not None and c.get_element_type() == ov.Type.f32 for c in (scale, offset))
     return [pack.pack_floats(_floats(c, rows, groups).astype(np.float32 if f32 else np.float16))
             for c in (scale, offset) if c is not None], {"block": 0, "centre": 0}
