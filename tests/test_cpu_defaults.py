@@ -29,6 +29,12 @@ def q4_0(tmp_path_factory):
     return build_model(src.config, src.tensor, "auto")
 
 
+@pytest.fixture(scope="module")
+def f16(tmp_path_factory):
+    src = GGUFModel.open(write_gguf(tiny_hf_model("llama"), tmp_path_factory.mktemp("cpu") / "f16.gguf"))
+    return build_model(src.config, src.tensor, "auto")
+
+
 @pytest.mark.parametrize("flags,expected", [
     ("fpu sse avx2 avx512f avx512_bf16 avx512_vnni amx_bf16 amx_tile amx_int8", CpuClass.AMX),
     ("fpu avx2 avx512f avx512_vnni avx512_bf16", CpuClass.AVX512_BF16),  # Zen 4
@@ -47,14 +53,23 @@ def test_each_class_gets_its_measured_defaults(q4_0):
     amx = resolve(CompileOptions(), _Core("bf16"), q4_0, CpuClass.AMX)
     assert (amx.decode_model, amx.kv_cache_precision, amx.dynamic_quantization_group_size) == (True, "u8", None)
     assert amx.properties().get("DYNAMIC_QUANTIZATION_GROUP_SIZE") is None
-    zen4 = resolve(CompileOptions(), _Core("bf16"), q4_0, CpuClass.AVX512_BF16)
+    zen = resolve(CompileOptions(), _Core("bf16"), q4_0, CpuClass.AVX512_BF16)  # one f32 compilation on the kernel
+    assert (zen.lowbit_main, zen.inference_precision, zen.kv_cache_precision, zen.decode_model) == (True, "f32", "f16", False)
+    assert zen.properties()["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == "0"  # nothing low-bit is left to the plugin
+    assert not amx.lowbit_main
+    zen4 = resolve(CompileOptions(lowbit_kernel=False), _Core("bf16"), q4_0, CpuClass.AVX512_BF16)
     assert (zen4.decode_model, zen4.kv_cache_precision, zen4.dynamic_quantization_group_size) == (False, "bf16", 0)
-    assert zen4.properties()["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == "0"
+    assert zen4.properties()["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == "0" and not zen4.lowbit_main
     for cpu in (CpuClass.AVX512, CpuClass.AVX2):
         plain = resolve(CompileOptions(), _Core("f32"), q4_0, cpu)
         assert (plain.decode_model, plain.kv_cache_precision, plain.dynamic_quantization_group_size) == (False, None, None)
         assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in plain.properties()
-    assert all(o.fuse_projections for o in (amx, zen4))
+    assert all(o.fuse_projections for o in (amx, zen, zen4))
+
+
+def test_without_low_bit_weights_the_kernel_has_nothing_to_take(f16):
+    plain = resolve(CompileOptions(), _Core("bf16"), f16, CpuClass.AVX512_BF16)
+    assert (plain.lowbit_main, plain.inference_precision, plain.kv_cache_precision) == (False, None, "bf16")
 
 
 def test_what_the_user_asks_for_wins(q4_0):
@@ -63,6 +78,12 @@ def test_what_the_user_asks_for_wins(q4_0):
                     CpuClass.AVX512_BF16)
     assert asked.properties()["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == "32" and asked.kv_cache_precision == "u8"
     assert resolve(CompileOptions(decode_model=True), core, q4_0, CpuClass.AVX512_BF16).decode_model
+    for precision in ("bf16", "f32"):  # f32 asked for is f32 arithmetic, not the kernel's int8
+        assert not resolve(CompileOptions(inference_precision=precision), core, q4_0, CpuClass.AVX512_BF16).lowbit_main
+    bf16_cache = resolve(CompileOptions(kv_cache_precision="bf16"), core, q4_0, CpuClass.AVX512_BF16)
+    assert not bf16_cache.lowbit_main and bf16_cache.inference_precision is None  # f32 compute refuses a bf16 cache
+    u8 = resolve(CompileOptions(kv_cache_precision="u8"), core, q4_0, CpuClass.AVX512_BF16)
+    assert u8.lowbit_main and u8.kv_cache_precision == "u8"
     off = resolve(CompileOptions(decode_model=False), core, q4_0, CpuClass.AMX)
     assert not off.decode_model and off.kv_cache_precision == "bf16"
     f32 = resolve(CompileOptions(inference_precision="f32"), core, q4_0, CpuClass.AMX)

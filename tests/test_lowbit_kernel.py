@@ -13,7 +13,7 @@ import openvino as ov
 import openvino.opset13 as ops
 import pytest
 
-from vinoserve.model import lowbit
+from vinoserve.model import cpu_defaults, decode_model, lowbit
 from vinoserve.model.cpu_defaults import cpu_flags
 from vinoserve.model.errors import ModelLoadError
 from vinoserve.model.gguf_loader import GGUFModel
@@ -113,6 +113,50 @@ def test_the_kernel_computes_its_arithmetic(kernel, element, group, scale_type, 
         np.testing.assert_array_equal(core.compile_model(plain, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})([x])[0], y)
 
 
+def _two_planes(x: np.ndarray, group: int) -> np.ndarray:
+    """x as the kernel sees it in two planes: its int8 rounding plus that of what the rounding left."""
+    first = _int8_activations(x, group)
+    return first + _int8_activations(x - first, group)
+
+
+@pytest.mark.parametrize("element,group,scale_type,offset_type", [
+    (ov.Type.i4, 32, np.float16, None),        # Q4_0
+    (ov.Type.i4, 32, np.float32, np.float32),  # Q4_1
+    (ov.Type.i8, 16, "k", None),               # Q6_K
+])
+def test_calls_of_many_rows_quantize_x_in_two_planes(kernel, element, group, scale_type, offset_type):
+    """From `planes_from` rows on (prompts), x is its int8 rounding plus the rounding of what that
+    left: some 2^-16 of a group's largest value off rather than 2^-8, closer to f32 than bf16;
+    fewer rows (decode steps) take one plane, as before."""
+    rng = np.random.default_rng(11)
+    source, scaled, offsets = _matmul(200, 512, group, element, scale_type, offset_type, rng)
+    # a layer's product, which does not give the outputs themselves
+    hidden = ov.Model([ops.add(source.get_results()[0].input_value(0), ops.constant(np.float32(0))).output(0)],
+                      source.get_parameters())
+    del source  # and its Result
+    core = ov.Core()
+    assert lowbit.use_kernel(hidden, core, planes_from=4) == 1
+    compiled = core.compile_model(hidden, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    x = rng.standard_normal((15, 512)).astype(np.float32)
+
+    def product(seen: np.ndarray) -> np.ndarray:
+        y = seen.astype(np.float64) @ scaled.T.astype(np.float64)
+        if offsets is not None:
+            y += x[:len(seen)].reshape(len(seen), -1, group).sum(-1).astype(np.float64) @ offsets.T.astype(np.float64)
+        return y
+
+    y, exact = compiled([x])[0], product(x)
+    np.testing.assert_allclose(y, product(_two_planes(x, group)), rtol=0, atol=2e-5 * np.abs(exact).max())
+    one_plane = product(_int8_activations(x, group))
+    assert np.abs(y - exact).max() < np.abs(one_plane - exact).max() / 20
+    few = compiled([x[:3]])[0]  # under planes_from: one plane
+    np.testing.assert_allclose(few, one_plane[:3], rtol=0, atol=2e-5 * np.abs(exact).max())
+    logits, _, _ = _matmul(200, 512, group, element, scale_type, offset_type, np.random.default_rng(11))
+    assert lowbit.use_kernel(logits, core, planes_from=4) == 1  # the logits' product: two planes at any size
+    one_row = core.compile_model(logits, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})([x[:1]])[0]
+    np.testing.assert_allclose(one_row, product(_two_planes(x[:1], group)), rtol=0, atol=2e-5 * np.abs(exact).max())
+
+
 @pytest.fixture(scope="module")
 def q4_k(tmp_path_factory) -> GGUFModel:
     """A tiny Llama llama-quantize made Q4_K_M: Q4_K, Q5_K (offsets), Q6_K (groups of 16)."""
@@ -182,6 +226,45 @@ def test_where_it_cannot_be_built_the_plugin_runs_or_the_flag_fails_clearly(q4_k
         with pytest.raises(ModelLoadError, match="low-bit kernel was asked for"):
             compile_paged(build_model(q4_k.config, q4_k.tensor, "auto"),
                           CompileOptions(inference_precision="f32", decode_model=True, lowbit_kernel=True))
+    finally:
+        build.library.cache_clear()
+
+
+def _as_avx512_bf16(monkeypatch) -> None:
+    """The CPU class whose defaults put the main compilation on the kernel (Zen 4 and 5), on any
+    CPU the kernel runs on."""
+    monkeypatch.setattr(cpu_defaults, "this_cpu", lambda: cpu_defaults.CpuClass.AVX512_BF16)
+
+
+def test_on_avx512_bf16_one_f32_compilation_runs_every_low_bit_matmul_on_the_kernel(kernel, q4_k, monkeypatch):
+    """No decode model and no second copy: the plugin multiplies no weight of the main
+    compilation; prompts' calls quantize x in two planes, decode steps' in one, the logits' in
+    two always; the cache is f16."""
+    _as_avx512_bf16(monkeypatch)
+    graph = build_model(q4_k.config, q4_k.tensor, "auto")
+    model = compile_paged(graph, CompileOptions())
+    assert model.options.lowbit_main and model.decode is None and model.inference_precision == "f32"
+    assert model.main_kernel.matmuls == 2 * 6 + 1 and "13 matmuls on vinoserve's low-bit kernel" in model.describe()
+    assert model.layout.key_type == ov.Type.f16
+    types = [n.get_rt_info()["layerType"].astype(str) for n in model.compiled.get_runtime_model().get_ordered_ops()]
+    assert types.count("Reference") == 2 * 6 + 1 and not any(t.startswith("FullyConnected") for t in types)
+    planes_from = collections.Counter(n.get_attributes()["planes_from"] for n in graph.get_ordered_ops()
+                                      if n.get_type_name() == lowbit.OP)
+    assert planes_from == {decode_model.MAX_TOKENS + 1: 2 * 6, 1: 1}  # the LM head: always two
+
+
+def test_on_avx512_bf16_without_the_kernel_the_bf16_compilation_runs(q4_k, tmp_path, monkeypatch):
+    _as_avx512_bf16(monkeypatch)
+    monkeypatch.setenv("CXX", str(tmp_path / "no-compiler"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("VINOSERVE_CACHE", str(tmp_path / "cache"))
+    build.library.cache_clear()
+    try:
+        model = compile_paged(build_model(q4_k.config, q4_k.tensor, "auto"), CompileOptions())
+        assert not model.options.lowbit_main and model.options.inference_precision is None
+        assert "the plugin's matmuls (" in model.describe()  # and why, in the startup log
+        with pytest.raises(ModelLoadError, match="low-bit kernel was asked for"):
+            compile_paged(build_model(q4_k.config, q4_k.tensor, "auto"), CompileOptions(lowbit_kernel=True))
     finally:
         build.library.cache_clear()
 

@@ -27,19 +27,23 @@ def _model_args(p: argparse.ArgumentParser, several: bool = False) -> None:
 def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="CPU")
     p.add_argument("--inference-precision", choices=("f32", "bf16", "f16"), default=None,
-                   help="default: the device's fastest (f16 is refused on CPU: docs/performance-lab-notes.md)")
+                   help="default: the device's fastest (f16 is refused on CPU: docs/performance-lab-notes.md); "
+                        "f32 with the low-bit kernel's one compilation (--lowbit-kernel). Asked for, it is "
+                        "the plugin's arithmetic throughout")
     p.add_argument("--kv-cache-precision", choices=("f32", "f16", "bf16", "u8", "u4"), default=None,
-                   help="default: u8 with the decode model, else bf16 where compute runs in bf16 on CPU, "
-                        "else the device's choice")
+                   help="default: u8 with the decode model, f16 with the low-bit kernel's one compilation, "
+                        "else bf16 where compute runs in bf16 on CPU, else the device's choice")
     p.add_argument("--decode-model", choices=("auto", "on", "off"), default="auto",
                    help="auto: on AMX CPUs computing in bf16, with low-bit weights whose two packed copies fit in "
                         "half the memory, steps of up to 16 tokens run on a second compilation (f32, int8 activations): faster "
                         "single-stream decode for a second packed copy of the weights; the KV cache is then u8. "
                         "on: on any CPU, whatever the weights' size")
     p.add_argument("--lowbit-kernel", choices=("auto", "on", "off"), default="auto",
-                   help="the decode model's 4- and 8-bit matmuls on vinoserve's own kernel (an OpenVINO extension "
-                        "built with the machine's C++ compiler on first use, cached). auto: where it builds and the "
-                        "CPU has AVX-512 VNNI; on: fail to start where it cannot; off: the plugin's kernels")
+                   help="4- and 8-bit matmuls on vinoserve's own kernel (an OpenVINO extension built with the "
+                        "machine's C++ compiler on first use, cached): the decode model's on AMX CPUs; on "
+                        "AVX512_BF16 CPUs without AMX all of them, in one f32 compilation with an f16 KV cache. "
+                        "auto: where it builds and the CPU has AVX-512 VNNI; on: fail to start where it cannot; "
+                        "off: the plugin's kernels")
     p.add_argument("--dynamic-quantization-group-size", type=int, default=None, metavar="N",
                    help="OpenVINO's DYNAMIC_QUANTIZATION_GROUP_SIZE: matmuls with low-bit weights round their "
                         "inputs to int8 per N values (faster, less exact); 0: off. Default: per CPU class "

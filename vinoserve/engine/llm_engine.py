@@ -87,7 +87,7 @@ class LLMEngine:
         self._flight: Launch | None = None  # the step computing between two calls of step()
         log(f"KV cache: {num_blocks} blocks of {paged.block_size} tokens, {self.cache.nbytes / 2**30:.2f} GiB "
             f"({paged.layout.key_type.get_type_name()} keys, {paged.layout.value_type.get_type_name()} values)"
-            + (f"; {paged.decode_graph.describe()}" if paged.decode_graph else "")
+            + (f"; {paged.describe()}" if paged.describe() else "")
             + (f"; defaults for CPU class {cpu_defaults.this_cpu().value}" if options.device == "CPU" else ""))
         release_freed_heap()  # the load's temporaries (see memory.py)
 

@@ -19,8 +19,11 @@ class CompileOptions:
     cache_rotation: bool = False  # in-kernel RoPE re-rotation inputs
     fuse_projections: bool | None = None  # q/k/v as one MatMul; None: on CPU (see fuse_projections)
     decode_model: bool | None = None  # a second compilation for steps of few tokens; None: where it pays (decode_model.py)
-    # the decode model's low-bit matmuls on vinoserve's kernel (model/lowbit); None: where it builds and runs
+    # low-bit matmuls on vinoserve's kernel (model/lowbit) where the CPU class puts them: the decode
+    # model's, or the single compilation's; None: where it builds and runs
     lowbit_kernel: bool | None = None
+    # resolved (cpu_defaults.py): the main compilation's low-bit matmuls are on the kernel
+    lowbit_main: bool = False
     # int8 activations per this many inputs in matmuls with low-bit weights (0: off); None: per
     # CPU class (cpu_defaults.py)
     dynamic_quantization_group_size: int | None = None

@@ -60,6 +60,9 @@ class ClassDefaults:
     kv_cache_precision: str | None  # with one compilation; None: the plugin's (with the decode model: u8)
     # The plugin's DYNAMIC_QUANTIZATION_GROUP_SIZE at the default compute precision; None: the plugin's
     dynamic_quantization_group_size: int | None
+    # Low-bit weights: one f32 compilation whose low-bit MatMuls all run on vinoserve's kernel
+    # (model/lowbit), where it builds; the fields above stand where it does not, or is not wanted.
+    lowbit_main: bool = False
 
 
 DEFAULTS: dict[CpuClass, ClassDefaults] = {
@@ -69,15 +72,19 @@ DEFAULTS: dict[CpuClass, ClassDefaults] = {
     # llama.cpp against 1.19x. bf16 KV without it: decode infer() 7-24% less CPU time than u8 at
     # the same perplexity (Zen 4, docs/performance-lab-notes.md; the same kernels here).
     CpuClass.AMX: ClassDefaults(decode_model=True, kv_cache_precision="bf16", dynamic_quantization_group_size=None),
-    # Zen 4, 2 cores, 1.5B Q4_0 (issue 36; cpu-decode.md): the bf16 compilation already multiplies
-    # with int8 activations (decode 23.0 tok/s, prompt 179) and the decode model is slower (15.9 /
-    # 130), so it stays off. Those int8 activations cost quality: SmolLM2's perplexity at
-    # positions 1,052-1,099 was 1.0285x f32's with them and 1.0076x without (the same figure with
-    # a u8 cache: 1.0312x), and the built-in model's first greedy reply token moved; off, decode
-    # is 16.3 tok/s (what the decode model gave) and prompt 96. Quality first: off, and
-    # `--dynamic-quantization-group-size 32` gives the speed back to those who ask for it.
+    # Zen 5 (EPYC family 26), 2 cores, 2026-11-27, `vinoserve bench llamacpp` against llama.cpp in
+    # one run, 1.5B Q4_0 / Q4_K_M: the bf16 compilation without int8 activations decoded at 0.65x /
+    # 0.53x and read prompts at 2.96x / 2.43x; one f32 compilation with every low-bit MatMul on
+    # vinoserve's kernel decodes at 1.25x / 1.10x and reads prompts at 2.24x / 1.74x, with one copy
+    # of the weights. The kernel's int8 activations alone (llama.cpp's) moved the built-in model's
+    # first reply token off f32's twice as far as bf16 did; so prompts' rows and the logits' are
+    # quantized in two planes (lowbit_matmul.cpp), decode steps' in one: over 40 chat prompts the
+    # first token's log-probability is then 0.0008 from f32's on average (bf16 0.028), and
+    # SmolLM2's long-context perplexity 0.992x f32's (bf16 without int8 activations 1.008x, with
+    # the plugin's 1.029x: issue 36, Zen 4). One plane for prompts too read them at 3.7x.
+    # Zen 4 (AVX-512 at half width) is not measured on this code.
     CpuClass.AVX512_BF16: ClassDefaults(decode_model=False, kv_cache_precision="bf16",
-                                        dynamic_quantization_group_size=0),
+                                        dynamic_quantization_group_size=0, lowbit_main=True),
     # f32 compute by default: nothing measured on this wave's code; the plugin's choices stand.
     CpuClass.AVX512: ClassDefaults(decode_model=False, kv_cache_precision=None, dynamic_quantization_group_size=None),
     CpuClass.AVX2: ClassDefaults(decode_model=False, kv_cache_precision=None, dynamic_quantization_group_size=None),
@@ -91,12 +98,18 @@ def compute_precision(options: CompileOptions, core: ov.Core) -> str:
 
 def resolve(options: CompileOptions, core: ov.Core, model: ov.Model, cpu: CpuClass | None = None) -> CompileOptions:
     """`options` with every field left to the machine filled in: decode model, KV precision,
-    dynamic quantization, q/k/v fusion."""
+    dynamic quantization, q/k/v fusion, the main compilation on the kernel (`lowbit_main`)."""
     from vinoserve.model import decode_model
 
     if options.device != "CPU":
         return replace(options, decode_model=False, fuse_projections=bool(options.fuse_projections))
     row = DEFAULTS[cpu or this_cpu()]
+    if row.lowbit_main and _left_to_kernel(options) and decode_model.has_low_bit_matmuls(model):
+        # f32 compute's own cache here is u8; f16 takes bf16's bytes and moved the first reply
+        # token less (40 chat prompts against f32, Zen 5)
+        return replace(options, decode_model=False, inference_precision="f32", lowbit_main=True,
+                       kv_cache_precision=options.kv_cache_precision or "f16",
+                       fuse_projections=options.fuse_projections is not False)
     bf16 = compute_precision(options, core) == "bf16"
     use = options.decode_model
     if use is None:
@@ -110,3 +123,11 @@ def resolve(options: CompileOptions, core: ov.Core, model: ov.Model, cpu: CpuCla
         dq = row.dynamic_quantization_group_size
     return replace(options, decode_model=bool(use), dynamic_quantization_group_size=dq,
                    fuse_projections=options.fuse_projections is not False)
+
+
+def _left_to_kernel(options: CompileOptions) -> bool:
+    """Whether nothing asked for rules out one f32 compilation on the kernel: no precision, no
+    decode model, no int8 activations of the plugin's, no bf16 cache (f32 compute refuses one)."""
+    return (options.inference_precision is None and options.decode_model is not True
+            and options.lowbit_kernel is not False and options.dynamic_quantization_group_size is None
+            and options.kv_cache_precision != "bf16")

@@ -26,9 +26,7 @@ from dataclasses import dataclass, replace
 import openvino as ov
 
 from vinoserve.memory import memory_limit_bytes
-from vinoserve.model import fuse_projections as projections
 from vinoserve.model import lowbit
-from vinoserve.model.block_offsets import split_block_offsets
 from vinoserve.model.compile_options import CompileOptions
 from vinoserve.model.errors import ModelLoadError
 
@@ -121,15 +119,12 @@ def graph(prepared: ov.Model, raw: ov.Model | None, options: CompileOptions,
     kernel does not take is prepared as the main graph is."""
     if raw is None:
         return prepared, DecodeGraph(packed_copy_bytes(prepared))
-    if options.fuse_projections:
-        projections.fuse_projections(raw, activation_inputs=True)
     try:
-        count = lowbit.use_kernel(raw, core)
+        count = lowbit.kernel_graph(raw, core, bool(options.fuse_projections))
     except lowbit.Unavailable as e:
         if options.lowbit_kernel:
             raise ModelLoadError(f"the low-bit kernel was asked for: {e}") from e
         return prepared, DecodeGraph(packed_copy_bytes(prepared), kernel_unavailable=str(e))
-    split_block_offsets(raw)
     return raw, DecodeGraph(packed_copy_bytes(raw), count)
 
 

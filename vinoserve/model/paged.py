@@ -5,14 +5,14 @@ rt_info its PagedAttention nodes need and no longer compiles (see shared docs).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 from openvino._offline_transformations import paged_attention_transformation
 
-from vinoserve.model import cpu_defaults, decode_model
+from vinoserve.model import cpu_defaults, decode_model, lowbit
 from vinoserve.model import fuse_projections as projections
 from vinoserve.model.block_offsets import split_block_offsets
 from vinoserve.model.compile_options import CompileOptions
@@ -38,6 +38,20 @@ class CacheLayout:
         return (k + v + 7) // 8
 
 
+@dataclass(frozen=True)
+class MainKernel:
+    """The single compilation's low-bit MatMuls on vinoserve's kernel (cpu_defaults.py)."""
+
+    matmuls: int = 0
+    unavailable: str = ""  # why none are, where the CPU class wanted them
+
+    def describe(self) -> str:
+        if self.matmuls:
+            return (f"one f32 compilation, {self.matmuls} matmuls on vinoserve's low-bit kernel "
+                    f"(--lowbit-kernel off: the plugin's)")
+        return f"the plugin's matmuls ({self.unavailable})" if self.unavailable else ""
+
+
 @dataclass
 class PagedModel:
     facts: GraphFacts
@@ -46,6 +60,11 @@ class PagedModel:
     layout: CacheLayout
     decode: ov.CompiledModel | None = None  # for steps of at most decode_model.MAX_TOKENS tokens
     decode_graph: decode_model.DecodeGraph | None = None  # its weights' size, its kernel
+    main_kernel: MainKernel = field(default_factory=lambda: MainKernel())
+
+    def describe(self) -> str:
+        """What was compiled beyond the plain graph, for the startup log ("" for nothing)."""
+        return self.decode_graph.describe() if self.decode_graph else self.main_kernel.describe()
 
     @property
     def block_size(self) -> int:
@@ -105,13 +124,25 @@ def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None
     core = core or ov.Core()
     if len(set(sliding_windows)) > 1:  # sliding and global layers: a table per layer group
         options = replace(options, per_layer_tables=True)
-    options = cpu_defaults.resolve(options, core, model)
+    asked, options = options, cpu_defaults.resolve(options, core, model)
+    kernel = MainKernel()
+    if options.lowbit_main:
+        try:
+            lowbit.library()
+        except lowbit.Unavailable as e:  # the class's defaults without the kernel
+            if options.lowbit_kernel:
+                raise ModelLoadError(f"the low-bit kernel was asked for: {e}") from e
+            options, kernel = cpu_defaults.resolve(replace(asked, lowbit_kernel=False), core, model), MainKernel(0, str(e))
     facts = read_graph_facts(to_paged(model, options, sliding_windows))
     # the decode model's graph starts from this one, before the passes below (model/lowbit)
     raw = model.clone() if options.decode_model and options.lowbit_kernel is not False else None
-    split_block_offsets(model)  # after to_paged: the LM head's correction must read the gathered rows
-    if options.fuse_projections:
-        projections.fuse_projections(model)
+    if options.lowbit_main:
+        # prompts' rows in two planes, decode steps' (up to the decode model's size) in one
+        kernel = MainKernel(lowbit.kernel_graph(model, core, bool(options.fuse_projections), decode_model.MAX_TOKENS + 1))
+    else:
+        split_block_offsets(model)  # after to_paged: the LM head's correction must read the gathered rows
+        if options.fuse_projections:
+            projections.fuse_projections(model)
     compiled = _compile(core, model, options.device, options.properties())
     layout = _cache_layout(compiled)
     decode, decode_graph = None, None
@@ -121,7 +152,7 @@ def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None
         if _cache_layout(decode) != layout:
             raise ModelLoadError(f"the decode model's KV cache layout differs from the main one's: "
                                  f"{_cache_layout(decode)} vs {layout}")
-    return PagedModel(facts, compiled, options, layout, decode, decode_graph)
+    return PagedModel(facts, compiled, options, layout, decode, decode_graph, kernel)
 
 
 def _compile(core: ov.Core, model: ov.Model, device: str, properties: dict[str, str]) -> ov.CompiledModel:

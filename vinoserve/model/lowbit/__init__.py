@@ -7,25 +7,42 @@ kernel (lowbit_matmul.cpp) quantizes the activations to int8 per group as the pl
 llama.cpp do, reads the weights tiled so that one VNNI dot product covers 16 rows, and runs at
 32-34 ps a Q4_0 weight. It is bound by latency more than by bytes (a 1.5B Q4_K_M step took the
 same time reading its scales as f32 products as reading them a third the size): two chains of
-dot products and a software prefetch made a step 0.8-0.9x the time. It replaces the decode
-model's low-bit MatMuls only; prompts keep the plugin's kernels (AMX).
+dot products and a software prefetch made a step 0.8-0.9x the time. On AMX CPUs it replaces the
+decode model's low-bit MatMuls only (prompts keep the plugin's AMX kernels); on AVX512_BF16 CPUs
+without AMX, where it also multiplies prompts faster than the plugin's bf16 kernels, every one of
+the single compilation's (cpu_defaults.py).
 """
 from __future__ import annotations
 
 import openvino as ov
 from openvino.utils.node_factory import NodeFactory
 
+from vinoserve.model import fuse_projections as projections
+from vinoserve.model.block_offsets import split_block_offsets
 from vinoserve.model.lowbit.build import Unavailable, library
 from vinoserve.model.lowbit.rewrite import OP, replace_matmuls
 
-__all__ = ["OP", "Unavailable", "use_kernel"]
+__all__ = ["OP", "Unavailable", "kernel_graph", "use_kernel"]
 
 
-def use_kernel(model: ov.Model, core: ov.Core) -> int:
-    """In place: the model's low-bit MatMuls on the kernel, registered with `core`. Returns how
-    many; raises Unavailable (the model untouched) where it cannot be built or run here."""
+def use_kernel(model: ov.Model, core: ov.Core, planes_from: int = 0) -> int:
+    """In place: the model's low-bit MatMuls on the kernel, registered with `core`; calls of
+    `planes_from` rows or more (0: none) and the logits' quantize x in two int8 planes. Returns
+    how many; raises Unavailable (the model untouched) where it cannot be built or run here."""
     path = str(library())
     core.add_extension(path)  # again on the same core is harmless
     factory = NodeFactory()
     factory.add_extension(path)
-    return replace_matmuls(model, factory)
+    return replace_matmuls(model, factory, planes_from)
+
+
+def kernel_graph(model: ov.Model, core: ov.Core, fuse: bool, planes_from: int = 0) -> int:
+    """In place, a graph fresh from paged_attention_transformation: gate and up fused (`fuse`),
+    the low-bit MatMuls on the kernel, and the block offsets of what it does not take split as
+    the plugin's graph has them. Returns how many; raises Unavailable."""
+    library()  # before the graph changes: where it cannot be built, the caller keeps the plugin's
+    if fuse:
+        projections.fuse_projections(model, activation_inputs=True)
+    count = use_kernel(model, core, planes_from)
+    split_block_offsets(model)
+    return count

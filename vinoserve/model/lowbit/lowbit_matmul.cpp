@@ -1,5 +1,6 @@
 // vinoserve::LowBitMatMul, an OpenVINO extension op: y[m, n] = sum_k x[m, k] * w[n, k] for 4- or
-// 8-bit weights in groups along k, at a few rows of x (decode steps).
+// 8-bit weights in groups along k: the decode model's steps (AMX CPUs), or every product of the
+// one compilation, prompts included (AVX512_BF16 CPUs without AMX; cpu_defaults.py).
 //
 // Why: the CPU plugin's int8-activation kernel for compressed weights runs a one-token product at
 // about 48 ps a 4-bit weight on a 2-core Emerald Rapids, well below what the cores read from memory
@@ -10,6 +11,8 @@
 // weights (scale amax / 127), the integer dot products are exact in int32 (VNNI), and per group
 //     y += (sum_i u_i * xq_i - bias * sum_i xq_i) * scale * xd (+ offset * sum_i x_i)
 // where u = q + bias is the weight made unsigned (bias 8 for i4, 128 for i8, 0 for unsigned types).
+// From the attribute `planes_from` rows of x on (0: never), each row is two int8 rows: its rounding
+// and the rounding of what that left, summed as two rows' products (see quantize).
 // The offset (a block's minimum, Q4_1 / Q4_K) multiplies the exact sum of the group's inputs, not
 // of their int8 roundings (llama.cpp's q8_1 sum): with the rounded sums the built-in Q4_1 model's
 // long-context perplexity was 1.015x f32's, with exact ones 0.992x (the plugin's correction
@@ -44,40 +47,51 @@ namespace vinoserve {
 namespace {
 
 struct Activations {  // x quantized per group: int8 values, a scale and the integer sum per group
-    std::vector<int8_t> q;
+    std::vector<int8_t> q;  // per row of x, `planes` rows: its int8s, then those of what they left
     std::vector<float> d;
     std::vector<int32_t> s;
-    std::vector<float> sum;  // the group's inputs summed as they are
+    std::vector<float> sum;  // per row of x, the group's inputs summed as they are
 };
 
-// Per group of 16 or 32: scale amax / 127, values rounded to nearest (even), as the plugin and
-// llama.cpp's q8 do. Buffers of its own per call (a few KiB): a thread waiting in parallel_for may
-// run another node's call, so a thread's buffer could be rewritten under its readers.
-Activations quantize(const float* x, size_t rows, size_t k, size_t group) {
-    const size_t groups = k / group;
-    Activations a{std::vector<int8_t>(rows * k), std::vector<float>(rows * groups), std::vector<int32_t>(rows * groups),
+// One group of 16 or 32 values: scale amax / 127, values rounded to nearest (even), as the plugin
+// and llama.cpp's q8 do; `rest`, if given, gets what the rounding left (v - d * q).
+void quantize_group(const float* v, size_t group, int8_t* q, float& d, int32_t& s, float* rest) {
+    __m512 amax = _mm512_setzero_ps();
+    for (size_t i = 0; i < group; i += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(v + i)));
+    d = _mm512_reduce_max_ps(amax) / 127.f;
+    const __m512 inv = _mm512_set1_ps(d > 0.f ? 1.f / d : 0.f);
+    __m512i sum = _mm512_setzero_si512();
+    for (size_t i = 0; i < group; i += 16) {
+        const __m512 x16 = _mm512_loadu_ps(v + i);
+        const __m512i n = _mm512_cvtps_epi32(_mm512_mul_ps(x16, inv));
+        sum = _mm512_add_epi32(sum, n);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtsepi32_epi8(n));
+        if (rest) _mm512_storeu_ps(rest + i, _mm512_fnmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(n), x16));
+    }
+    s = _mm512_reduce_add_epi32(sum);
+}
+
+// Each row of x as `planes` int8 rows per group: the first its values', a second (planes 2) what
+// the first's rounding left, at a scale 127 times finer (x = d1 q1 + d2 q2 to ~2^-16 of the
+// group's largest value: closer to f32 than bf16's 2^-9, for twice the dot products). Buffers of
+// its own per call (a few KiB): a thread waiting in parallel_for may run another node's call, so
+// a thread's buffer could be rewritten under its readers.
+Activations quantize(const float* x, size_t rows, size_t k, size_t group, int planes) {
+    const size_t groups = k / group, virt = rows * planes;
+    Activations a{std::vector<int8_t>(virt * k), std::vector<float>(virt * groups), std::vector<int32_t>(virt * groups),
                   std::vector<float>(rows * groups)};
+    float rest[32];
     for (size_t r = 0; r < rows; r++) {
         for (size_t g = 0; g < groups; g++) {
             const float* v = x + r * k + g * group;
-            __m512 amax = _mm512_setzero_ps(), total = _mm512_setzero_ps();
-            for (size_t i = 0; i < group; i += 16) {
-                const __m512 x16 = _mm512_loadu_ps(v + i);
-                amax = _mm512_max_ps(amax, _mm512_abs_ps(x16));
-                total = _mm512_add_ps(total, x16);
-            }
-            const float d = _mm512_reduce_max_ps(amax) / 127.f;
-            const __m512 inv = _mm512_set1_ps(d > 0.f ? 1.f / d : 0.f);
-            __m512i sum = _mm512_setzero_si512();
-            int8_t* q = a.q.data() + r * k + g * group;
-            for (size_t i = 0; i < group; i += 16) {
-                const __m512i n = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + i), inv));
-                sum = _mm512_add_epi32(sum, n);
-                _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtsepi32_epi8(n));
-            }
-            a.d[r * groups + g] = d;
-            a.s[r * groups + g] = _mm512_reduce_add_epi32(sum);
+            __m512 total = _mm512_setzero_ps();
+            for (size_t i = 0; i < group; i += 16) total = _mm512_add_ps(total, _mm512_loadu_ps(v + i));
             a.sum[r * groups + g] = _mm512_reduce_add_ps(total);
+            for (int p = 0; p < planes; p++) {
+                const size_t vr = r * planes + p;
+                quantize_group(p == 0 ? v : rest, group, a.q.data() + vr * k + g * group, a.d[vr * groups + g],
+                               a.s[vr * groups + g], p + 1 < planes ? rest : nullptr);
+            }
         }
     }
     return a;
@@ -124,8 +138,9 @@ inline void group_floats(const Weights& w, size_t t, size_t g, size_t groups, __
                       : _mm512_setzero_ps();
 }
 
-// One tile of 16 rows against MB rows of x, starting at x row m0. Q = weights a group / 4.
-template <int MB, int BITS, int Q>
+// One tile of 16 rows against MB rows of x, starting at x row m0. Q = weights a group / 4; P:
+// planes a row of x was quantized to.
+template <int MB, int BITS, int Q, int P>
 void tile_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, float* y, size_t y_stride) {
     const size_t groups = w.k / (4 * Q);
     const uint8_t* q = w.q + t * w.tile_bytes();
@@ -151,15 +166,18 @@ void tile_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, fl
         __m512 scale, offset;
         group_floats(w, t, g, groups, scale, offset);
         for (int m = 0; m < MB; m++) {
-            const size_t row = m0 + m, ag = row * groups + g;
-            const int32_t* x4 = reinterpret_cast<const int32_t*>(a.q.data() + row * w.k + g * 4 * Q);
-            // two chains of dot products: one is latency-bound at one row of x (a 1.5B step 0.92x the time)
-            __m512i s[2] = {_mm512_set1_epi32(-w.bias * a.s[ag]), _mm512_setzero_si512()};
-            for (int c = 0; c < Q; c++) s[c % 2] = _mm512_dpbusd_epi32(s[c % 2], u[c], _mm512_set1_epi32(x4[c]));
-            s[0] = _mm512_add_epi32(s[0], s[1]);
-            const __m512 d = _mm512_set1_ps(a.d[ag]);
-            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[0]), _mm512_mul_ps(scale, d), acc[m]);
-            if (w.offset) acc[m] = _mm512_fmadd_ps(offset, _mm512_set1_ps(a.sum[ag]), acc[m]);
+            const size_t row = m0 + m;
+            for (int p = 0; p < P; p++) {
+                const size_t vr = row * P + p, ag = vr * groups + g;
+                const int32_t* x4 = reinterpret_cast<const int32_t*>(a.q.data() + vr * w.k + g * 4 * Q);
+                // two chains of dot products: one is latency-bound at one row of x (a 1.5B step 0.92x the time)
+                __m512i s[2] = {_mm512_set1_epi32(-w.bias * a.s[ag]), _mm512_setzero_si512()};
+                for (int c = 0; c < Q; c++) s[c % 2] = _mm512_dpbusd_epi32(s[c % 2], u[c], _mm512_set1_epi32(x4[c]));
+                s[0] = _mm512_add_epi32(s[0], s[1]);
+                const __m512 d = _mm512_set1_ps(a.d[ag]);
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[0]), _mm512_mul_ps(scale, d), acc[m]);
+            }
+            if (w.offset) acc[m] = _mm512_fmadd_ps(offset, _mm512_set1_ps(a.sum[row * groups + g]), acc[m]);
         }
     }
     const size_t n0 = t * 16, live = std::min<size_t>(16, w.n - n0);
@@ -167,23 +185,28 @@ void tile_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, fl
     for (int m = 0; m < MB; m++) _mm512_mask_storeu_ps(y + (m0 + m) * y_stride + n0, mask, acc[m]);
 }
 
-template <int BITS, int Q>
+template <int BITS, int Q, int P>
 void run_tile(const Weights& w, const Activations& a, size_t rows, size_t t, float* y) {
     size_t m = 0;
-    for (; m + 8 <= rows; m += 8) tile_kernel<8, BITS, Q>(w, a, m, t, y, w.n);
-    if (m + 4 <= rows) { tile_kernel<4, BITS, Q>(w, a, m, t, y, w.n); m += 4; }
-    if (m + 2 <= rows) { tile_kernel<2, BITS, Q>(w, a, m, t, y, w.n); m += 2; }
-    if (m < rows) tile_kernel<1, BITS, Q>(w, a, m, t, y, w.n);
+    for (; m + 8 <= rows; m += 8) tile_kernel<8, BITS, Q, P>(w, a, m, t, y, w.n);
+    if (m + 4 <= rows) { tile_kernel<4, BITS, Q, P>(w, a, m, t, y, w.n); m += 4; }
+    if (m + 2 <= rows) { tile_kernel<2, BITS, Q, P>(w, a, m, t, y, w.n); m += 2; }
+    if (m < rows) tile_kernel<1, BITS, Q, P>(w, a, m, t, y, w.n);
 }
 
 using TileFn = void (*)(const Weights&, const Activations&, size_t, size_t, float*);
 
-TileFn pick(int bits, int group) {
-    if (bits == 4 && group == 32) return run_tile<4, 8>;
-    if (bits == 4 && group == 16) return run_tile<4, 4>;
-    if (bits == 8 && group == 32) return run_tile<8, 8>;
-    if (bits == 8 && group == 16) return run_tile<8, 4>;
+template <int P>
+TileFn pick_planes(int bits, int group) {
+    if (bits == 4 && group == 32) return run_tile<4, 8, P>;
+    if (bits == 4 && group == 16) return run_tile<4, 4, P>;
+    if (bits == 8 && group == 32) return run_tile<8, 8, P>;
+    if (bits == 8 && group == 16) return run_tile<8, 4, P>;
     return nullptr;
+}
+
+TileFn pick(int bits, int group, int planes) {
+    return planes == 1 ? pick_planes<1>(bits, group) : planes == 2 ? pick_planes<2>(bits, group) : nullptr;
 }
 
 }  // namespace
@@ -195,7 +218,7 @@ public:
     LowBitMatMul() = default;
 
     void validate_and_infer_types() override {
-        NODE_VALIDATION_CHECK(this, pick(m_bits, m_group) != nullptr, "unsupported bits/group ", m_bits, "/", m_group);
+        NODE_VALIDATION_CHECK(this, pick(m_bits, m_group, 1) != nullptr, "unsupported bits/group ", m_bits, "/", m_group);
         NODE_VALIDATION_CHECK(this, m_k % m_group == 0, "k is not a multiple of the group");
         NODE_VALIDATION_CHECK(this, m_block == 0 || (block_shift() >= 0 && (m_k / m_group) % m_block == 0),
                               "block is not a power of two dividing the groups");
@@ -210,7 +233,7 @@ public:
     std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override {
         auto op = std::make_shared<LowBitMatMul>();
         op->set_arguments(args);
-        op->m_n = m_n; op->m_k = m_k; op->m_bits = m_bits; op->m_group = m_group; op->m_bias = m_bias; op->m_block = m_block; op->m_centre = m_centre;
+        op->m_n = m_n; op->m_k = m_k; op->m_bits = m_bits; op->m_group = m_group; op->m_bias = m_bias; op->m_block = m_block; op->m_centre = m_centre; op->m_planes_from = m_planes_from;
         op->constructor_validate_and_infer_types();
         return op;
     }
@@ -223,6 +246,7 @@ public:
         v.on_attribute("bias", m_bias);
         v.on_attribute("block", m_block);
         v.on_attribute("centre", m_centre);
+        v.on_attribute("planes_from", m_planes_from);
         return true;
     }
 
@@ -240,8 +264,9 @@ public:
                   inputs.size() > 3 ? inputs[3].data() : nullptr, inputs[2].get_element_type() == ov::element::f16,
                   static_cast<int>(m_bits), static_cast<int>(m_group), static_cast<int>(m_bias), static_cast<int>(m_centre), block_shift(),
                   static_cast<size_t>(m_n), static_cast<size_t>(m_k)};
-        const Activations a = quantize(inputs[0].data<float>(), rows, w.k, w.group);
-        const TileFn fn = pick(w.bits, w.group);
+        const int planes = m_planes_from > 0 && rows >= static_cast<size_t>(m_planes_from) ? 2 : 1;
+        const Activations a = quantize(inputs[0].data<float>(), rows, w.k, w.group, planes);
+        const TileFn fn = pick(w.bits, w.group, planes);
         const size_t tiles = (w.n + 15) / 16;
         // One contiguous share of the tiles a thread: the rows are equal work, and a step's
         // ~200 calls each pay the split.
@@ -258,7 +283,7 @@ private:
         return -1;
     }
 
-    int64_t m_n = 0, m_k = 0, m_bits = 4, m_group = 32, m_bias = 0, m_block = 0, m_centre = 0;
+    int64_t m_n = 0, m_k = 0, m_bits = 4, m_group = 32, m_bias = 0, m_block = 0, m_centre = 0, m_planes_from = 0;
 };
 
 }  // namespace vinoserve

@@ -20,8 +20,10 @@ K_BLOCK = 256  # weights a K-quant's f16 factor covers
 _CENTRES = (8, 16)  # weights.py's centring of Q4_K's and Q5_K's values (quantized._centred)
 
 
-def replace_matmuls(model: ov.Model, factory: NodeFactory) -> int:
-    """In place. Returns how many MatMuls now run on the kernel."""
+def replace_matmuls(model: ov.Model, factory: NodeFactory, planes_from: int = 0) -> int:
+    """In place. Returns how many MatMuls now run on the kernel. Calls of `planes_from` rows of x
+    or more (0: none) quantize them in two int8 planes (lowbit_matmul.cpp), and with
+    `planes_from` set the logits' MatMul always does: its errors are the logits'."""
     count = 0
     for node in model.get_ordered_ops():
         if node.get_type_name() != "MatMul" or node.get_attributes() != {"transpose_a": False, "transpose_b": True}:
@@ -29,7 +31,7 @@ def replace_matmuls(model: ov.Model, factory: NodeFactory) -> int:
         found = _decompression(node.input_value(1))
         if found is None or node.get_output_element_type(0) != ov.Type.f32:
             continue
-        lowbit = _lowbit_node(factory, node.input_value(0), *found)
+        lowbit = _lowbit_node(factory, node.input_value(0), *found, 1 if planes_from and _gives_logits(node) else planes_from)
         lowbit.set_friendly_name(node.get_friendly_name())
         node.output(0).replace(lowbit.output(0))
         count += 1
@@ -37,6 +39,19 @@ def replace_matmuls(model: ov.Model, factory: NodeFactory) -> int:
         model.validate_nodes_and_infer_types()
         release_freed_heap()  # the repacking's temporaries, before compiling fills the heap around them
     return count
+
+
+def _gives_logits(node: ov.Node) -> bool:
+    """Whether the MatMul's output reaches a Result through elementwise steps only (a final
+    softcapping's Divide, Tanh, Multiply)."""
+    for _ in range(5):
+        targets = [t.get_node() for t in node.output(0).get_target_inputs()]
+        if any(t.get_type_name() == "Result" for t in targets):
+            return True
+        if len(targets) != 1 or targets[0].get_type_name() not in {"Convert", "Divide", "Tanh", "Multiply"}:
+            return False
+        node = targets[0]
+    return False
 
 
 def _decompression(weight: ov.Output) -> tuple[ov.Node, ov.Node, ov.Node | None] | None:
@@ -104,7 +119,8 @@ def _factored(scale: ov.Node, offset: ov.Node | None, rows: int, groups: int,
     return None
 
 
-def _lowbit_node(factory: NodeFactory, x: ov.Output, q: ov.Node, scale: ov.Node, offset: ov.Node | None) -> ov.Node:
+def _lowbit_node(factory: NodeFactory, x: ov.Output, q: ov.Node, scale: ov.Node, offset: ov.Node | None,
+                 planes_from: int) -> ov.Node:
     rows, groups, group = (int(d) for d in q.get_output_shape(0))
     k = groups * group
     bits = q.get_element_type().bitwidth
@@ -114,4 +130,4 @@ def _lowbit_node(factory: NodeFactory, x: ov.Output, q: ov.Node, scale: ov.Node,
     packed = ops.constant(pack.pack_weights(u, bits, group))
     floats, layout = _float_inputs(scale, offset, rows, groups, group)
     return factory.create(OP, [x, packed.output(0), *(ops.constant(f).output(0) for f in floats)],
-                          {"n": rows, "k": k, "bits": bits, "group": group, "bias": bias, **layout})
+                          {"n": rows, "k": k, "bits": bits, "group": group, "bias": bias, "planes_from": planes_from, **layout})
