@@ -5,7 +5,7 @@ rt_info its PagedAttention nodes need and no longer compiles (see shared docs).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import openvino as ov
@@ -60,7 +60,7 @@ class PagedModel:
     layout: CacheLayout
     decode: ov.CompiledModel | None = None  # for steps of at most decode_model.MAX_TOKENS tokens
     decode_graph: decode_model.DecodeGraph | None = None  # its weights' size, its kernel
-    main_kernel: MainKernel = field(default_factory=lambda: MainKernel())
+    main_kernel: MainKernel = MainKernel()
 
     def describe(self) -> str:
         """What was compiled beyond the plain graph, for the startup log ("" for nothing)."""
@@ -124,21 +124,13 @@ def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None
     core = core or ov.Core()
     if len(set(sliding_windows)) > 1:  # sliding and global layers: a table per layer group
         options = replace(options, per_layer_tables=True)
-    asked, options = options, cpu_defaults.resolve(options, core, model)
-    kernel = MainKernel()
-    if options.lowbit_main:
-        try:
-            lowbit.library()
-        except lowbit.Unavailable as e:  # the class's defaults without the kernel
-            if options.lowbit_kernel:
-                raise ModelLoadError(f"the low-bit kernel was asked for: {e}") from e
-            options, kernel = cpu_defaults.resolve(replace(asked, lowbit_kernel=False), core, model), MainKernel(0, str(e))
+    options, kernel = _resolve(options, core, model)
     facts = read_graph_facts(to_paged(model, options, sliding_windows))
     # the decode model's graph starts from this one, before the passes below (model/lowbit)
     raw = model.clone() if options.decode_model and options.lowbit_kernel is not False else None
-    if options.lowbit_main:
-        # prompts' rows in two planes, decode steps' (up to the decode model's size) in one
-        kernel = MainKernel(lowbit.kernel_graph(model, core, bool(options.fuse_projections), decode_model.MAX_TOKENS + 1))
+    if options.lowbit_main:  # prompts' rows in two planes, steps of up to the decode model's size in one
+        kernel = MainKernel(lowbit.kernel_graph(model, core, bool(options.fuse_projections),
+                                                planes_from=decode_model.MAX_TOKENS + 1))
     else:
         split_block_offsets(model)  # after to_paged: the LM head's correction must read the gathered rows
         if options.fuse_projections:
@@ -153,6 +145,21 @@ def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None
             raise ModelLoadError(f"the decode model's KV cache layout differs from the main one's: "
                                  f"{_cache_layout(decode)} vs {layout}")
     return PagedModel(facts, compiled, options, layout, decode, decode_graph, kernel)
+
+
+def _resolve(options: CompileOptions, core: ov.Core, model: ov.Model) -> tuple[CompileOptions, MainKernel]:
+    """The CPU class's defaults; where they put the main compilation on the kernel and it cannot
+    be built here, the class's defaults without it (or, asked for, one clear error)."""
+    resolved = cpu_defaults.resolve(options, core, model)
+    if not resolved.lowbit_main:
+        return resolved, MainKernel()
+    try:
+        lowbit.library()
+    except lowbit.Unavailable as e:
+        if options.lowbit_kernel:
+            raise ModelLoadError(f"the low-bit kernel was asked for: {e}") from e
+        return cpu_defaults.resolve(replace(options, lowbit_kernel=False), core, model), MainKernel(0, str(e))
+    return resolved, MainKernel()
 
 
 def _compile(core: ov.Core, model: ov.Model, device: str, properties: dict[str, str]) -> ov.CompiledModel:

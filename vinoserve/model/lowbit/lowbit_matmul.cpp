@@ -233,7 +233,8 @@ public:
     std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override {
         auto op = std::make_shared<LowBitMatMul>();
         op->set_arguments(args);
-        op->m_n = m_n; op->m_k = m_k; op->m_bits = m_bits; op->m_group = m_group; op->m_bias = m_bias; op->m_block = m_block; op->m_centre = m_centre; op->m_planes_from = m_planes_from;
+        op->m_n = m_n; op->m_k = m_k; op->m_bits = m_bits; op->m_group = m_group; op->m_bias = m_bias; op->m_block = m_block; op->m_centre = m_centre;
+        op->m_planes_from = m_planes_from;
         op->constructor_validate_and_infer_types();
         return op;
     }

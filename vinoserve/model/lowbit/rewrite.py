@@ -31,7 +31,8 @@ def replace_matmuls(model: ov.Model, factory: NodeFactory, planes_from: int = 0)
         found = _decompression(node.input_value(1))
         if found is None or node.get_output_element_type(0) != ov.Type.f32:
             continue
-        lowbit = _lowbit_node(factory, node.input_value(0), *found, 1 if planes_from and _gives_logits(node) else planes_from)
+        fine = 1 if planes_from and _gives_logits(node) else planes_from
+        lowbit = _lowbit_node(factory, node.input_value(0), *found, fine)
         lowbit.set_friendly_name(node.get_friendly_name())
         node.output(0).replace(lowbit.output(0))
         count += 1
@@ -130,4 +131,5 @@ def _lowbit_node(factory: NodeFactory, x: ov.Output, q: ov.Node, scale: ov.Node,
     packed = ops.constant(pack.pack_weights(u, bits, group))
     floats, layout = _float_inputs(scale, offset, rows, groups, group)
     return factory.create(OP, [x, packed.output(0), *(ops.constant(f).output(0) for f in floats)],
-                          {"n": rows, "k": k, "bits": bits, "group": group, "bias": bias, "planes_from": planes_from, **layout})
+                          {"n": rows, "k": k, "bits": bits, "group": group, "bias": bias, "planes_from": planes_from,
+                           **layout})
