@@ -138,63 +138,92 @@ inline void group_floats(const Weights& w, size_t t, size_t g, size_t groups, __
                       : _mm512_setzero_ps();
 }
 
-// One tile of 16 rows against MB rows of x, starting at x row m0. Q = weights a group / 4; P:
-// planes a row of x was quantized to.
-template <int MB, int BITS, int Q, int P>
+// NT tiles of 16 rows (t, t + 1, ...) against MB rows of x, starting at x row m0. Q = weights a
+// group / 4; P: planes a row of x was quantized to. Two tiles share each broadcast of x.
+template <int MB, int BITS, int Q, int P, int NT>
 void tile_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, float* y, size_t y_stride) {
     const size_t groups = w.k / (4 * Q);
-    const uint8_t* q = w.q + t * w.tile_bytes();
-    __m512 acc[MB];
-    for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
+    const uint8_t* q[NT];
+    for (int j = 0; j < NT; j++) q[j] = w.q + (t + j) * w.tile_bytes();
+    __m512 acc[NT][MB];
+    for (int j = 0; j < NT; j++)
+        for (int m = 0; m < MB; m++) acc[j][m] = _mm512_setzero_ps();
     const __m512i low = _mm512_set1_epi8(0x0F);
+    // two chains of dot products a tile where one tile is: one is latency-bound at one row of x
+    // (a 1.5B step 0.92x the time)
+    constexpr int C = NT == 1 ? 2 : 1;
     for (size_t g = 0; g < groups; g++) {
-        // the weights 4 groups ahead (the tiles a thread runs lie end to end): a 1.5B step 0.8-0.95x
-        // the time with the hardware's prefetching alone
-        for (int l = 0; l < Q * BITS / 4; l++) _mm_prefetch(reinterpret_cast<const char*>(q) + 1024 + 64 * l, _MM_HINT_T0);
-        __m512i u[Q];
-        if constexpr (BITS == 4) {
-            for (int c = 0; c < Q / 2; c++) {
-                const __m512i v = _mm512_loadu_si512(q + c * 64);
-                u[c] = _mm512_and_si512(v, low);
-                u[c + Q / 2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        __m512i u[NT][Q];
+        __m512 scale[NT], offset[NT];
+        for (int j = 0; j < NT; j++) {
+            // the weights 4 groups ahead (the tiles a thread runs lie end to end): a 1.5B step 0.8-0.95x
+            // the time with the hardware's prefetching alone
+            for (int l = 0; l < Q * BITS / 4; l++) _mm_prefetch(reinterpret_cast<const char*>(q[j]) + 1024 + 64 * l, _MM_HINT_T0);
+            if constexpr (BITS == 4) {
+                for (int c = 0; c < Q / 2; c++) {
+                    const __m512i v = _mm512_loadu_si512(q[j] + c * 64);
+                    u[j][c] = _mm512_and_si512(v, low);
+                    u[j][c + Q / 2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                }
+                q[j] += Q * 32;
+            } else {
+                for (int c = 0; c < Q; c++) u[j][c] = _mm512_loadu_si512(q[j] + c * 64);
+                q[j] += Q * 64;
             }
-            q += Q * 32;
-        } else {
-            for (int c = 0; c < Q; c++) u[c] = _mm512_loadu_si512(q + c * 64);
-            q += Q * 64;
+            group_floats(w, t + j, g, groups, scale[j], offset[j]);
         }
-        __m512 scale, offset;
-        group_floats(w, t, g, groups, scale, offset);
         for (int m = 0; m < MB; m++) {
             const size_t row = m0 + m;
             for (int p = 0; p < P; p++) {
                 const size_t vr = row * P + p, ag = vr * groups + g;
                 const int32_t* x4 = reinterpret_cast<const int32_t*>(a.q.data() + vr * w.k + g * 4 * Q);
-                // two chains of dot products: one is latency-bound at one row of x (a 1.5B step 0.92x the time)
-                __m512i s[2] = {_mm512_set1_epi32(-w.bias * a.s[ag]), _mm512_setzero_si512()};
-                for (int c = 0; c < Q; c++) s[c % 2] = _mm512_dpbusd_epi32(s[c % 2], u[c], _mm512_set1_epi32(x4[c]));
-                s[0] = _mm512_add_epi32(s[0], s[1]);
+                __m512i s[NT][C];
+                for (int j = 0; j < NT; j++) {
+                    s[j][0] = _mm512_set1_epi32(-w.bias * a.s[ag]);
+                    for (int i = 1; i < C; i++) s[j][i] = _mm512_setzero_si512();
+                }
+                for (int c = 0; c < Q; c++) {
+                    const __m512i xb = _mm512_set1_epi32(x4[c]);
+                    for (int j = 0; j < NT; j++) s[j][c % C] = _mm512_dpbusd_epi32(s[j][c % C], u[j][c], xb);
+                }
                 const __m512 d = _mm512_set1_ps(a.d[ag]);
-                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[0]), _mm512_mul_ps(scale, d), acc[m]);
+                for (int j = 0; j < NT; j++) {
+                    if constexpr (C == 2) s[j][0] = _mm512_add_epi32(s[j][0], s[j][1]);
+                    acc[j][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[j][0]), _mm512_mul_ps(scale[j], d), acc[j][m]);
+                }
             }
-            if (w.offset) acc[m] = _mm512_fmadd_ps(offset, _mm512_set1_ps(a.sum[row * groups + g]), acc[m]);
+            if (w.offset) {
+                const __m512 sum = _mm512_set1_ps(a.sum[row * groups + g]);
+                for (int j = 0; j < NT; j++) acc[j][m] = _mm512_fmadd_ps(offset[j], sum, acc[j][m]);
+            }
         }
     }
-    const size_t n0 = t * 16, live = std::min<size_t>(16, w.n - n0);
-    const __mmask16 mask = static_cast<__mmask16>((1u << live) - 1);
-    for (int m = 0; m < MB; m++) _mm512_mask_storeu_ps(y + (m0 + m) * y_stride + n0, mask, acc[m]);
+    for (int j = 0; j < NT; j++) {
+        const size_t n0 = (t + j) * 16, live = std::min<size_t>(16, w.n - n0);
+        const __mmask16 mask = static_cast<__mmask16>((1u << live) - 1);
+        for (int m = 0; m < MB; m++) _mm512_mask_storeu_ps(y + (m0 + m) * y_stride + n0, mask, acc[j][m]);
+    }
 }
 
+// Tiles t, t + 1 (pair) or t alone against every row of x.
 template <int BITS, int Q, int P>
-void run_tile(const Weights& w, const Activations& a, size_t rows, size_t t, float* y) {
+void run_tile(const Weights& w, const Activations& a, size_t rows, size_t t, bool pair, float* y) {
     size_t m = 0;
-    for (; m + 8 <= rows; m += 8) tile_kernel<8, BITS, Q, P>(w, a, m, t, y, w.n);
-    if (m + 4 <= rows) { tile_kernel<4, BITS, Q, P>(w, a, m, t, y, w.n); m += 4; }
-    if (m + 2 <= rows) { tile_kernel<2, BITS, Q, P>(w, a, m, t, y, w.n); m += 2; }
-    if (m < rows) tile_kernel<1, BITS, Q, P>(w, a, m, t, y, w.n);
+    if (pair) {
+        for (; m + 4 <= rows; m += 4) tile_kernel<4, BITS, Q, P, 2>(w, a, m, t, y, w.n);
+        if (m + 2 <= rows) { tile_kernel<2, BITS, Q, P, 2>(w, a, m, t, y, w.n); m += 2; }
+        if (m < rows) tile_kernel<1, BITS, Q, P, 2>(w, a, m, t, y, w.n);
+        return;
+    }
+    for (; m + 8 <= rows; m += 8) tile_kernel<8, BITS, Q, P, 1>(w, a, m, t, y, w.n);
+    if (m + 4 <= rows) { tile_kernel<4, BITS, Q, P, 1>(w, a, m, t, y, w.n); m += 4; }
+    if (m + 2 <= rows) { tile_kernel<2, BITS, Q, P, 1>(w, a, m, t, y, w.n); m += 2; }
+    if (m < rows) tile_kernel<1, BITS, Q, P, 1>(w, a, m, t, y, w.n);
 }
 
-using TileFn = void (*)(const Weights&, const Activations&, size_t, size_t, float*);
+constexpr size_t PAIR_ROWS = 8;
+
+using TileFn = void (*)(const Weights&, const Activations&, size_t, size_t, bool, float*);
 
 template <int P>
 TileFn pick_planes(int bits, int group) {
@@ -269,10 +298,12 @@ public:
         const Activations a = quantize(inputs[0].data<float>(), rows, w.k, w.group, planes);
         const TileFn fn = pick(w.bits, w.group, planes);
         const size_t tiles = (w.n + 15) / 16;
+        // Tiles in pairs from PAIR_ROWS rows of x: (measured below)
+        const size_t step = rows >= PAIR_ROWS ? 2 : 1, units = (tiles + step - 1) / step;
         // One contiguous share of the tiles a thread: the rows are equal work, and a step's
         // ~200 calls each pay the split.
-        tbb::parallel_for(tbb::blocked_range<size_t>(0, tiles), [&](const tbb::blocked_range<size_t>& r) {
-            for (size_t t = r.begin(); t != r.end(); t++) fn(w, a, rows, t, y);
+        tbb::parallel_for(tbb::blocked_range<size_t>(0, units), [&](const tbb::blocked_range<size_t>& r) {
+            for (size_t i = r.begin(); i != r.end(); i++) fn(w, a, rows, i * step, step == 2 && i * step + 1 < tiles, y);
         }, tbb::static_partitioner());
         return true;
     }
