@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import threading
 import time
@@ -192,6 +193,9 @@ def _loop(client: ChatClient, system: str | None) -> int:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
         pass
+    # Ctrl-C stops a reply even where the launcher ignored SIGINT (a shell's background job, a
+    # runner's `nohup ... &`): Python then leaves it ignored, and the reply ran to its end.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     conversation = Conversation(client, system)
     print(f"chatting with {model} at {client.base_url}. {HELP}", file=sys.stderr)
     while True:
