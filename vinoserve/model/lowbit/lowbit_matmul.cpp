@@ -298,7 +298,8 @@ public:
         const Activations a = quantize(inputs[0].data<float>(), rows, w.k, w.group, planes);
         const TileFn fn = pick(w.bits, w.group, planes);
         const size_t tiles = (w.n + 15) / 16;
-        // Tiles in pairs from PAIR_ROWS rows of x: (measured below)
+        // Tiles in pairs from PAIR_ROWS rows of x, sharing each broadcast of x (Zen 5, [8,960 x
+        // 1,536] Q4_0 at 256 rows: 0.9x the time; 16 rows 0.85x)
         const size_t step = rows >= PAIR_ROWS ? 2 : 1, units = (tiles + step - 1) / step;
         // One contiguous share of the tiles a thread: the rows are equal work, and a step's
         // ~200 calls each pay the split.
