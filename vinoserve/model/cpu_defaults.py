@@ -75,7 +75,7 @@ DEFAULTS: dict[CpuClass, ClassDefaults] = {
     # Zen 5 (EPYC family 26), 2 cores, 2026-11-27, `vinoserve bench llamacpp` against llama.cpp in
     # one run, 1.5B Q4_0 / Q4_K_M: the bf16 compilation without int8 activations decoded at 0.65x /
     # 0.53x and read prompts at 2.96x / 2.43x; one f32 compilation with every low-bit MatMul on
-    # vinoserve's kernel decodes at 1.25x / 1.10x and reads prompts at 2.24x / 1.74x, with one copy
+    # vinoserve's kernel decodes at 1.25x / 1.14x and reads prompts at 2.40x / 1.90x, with one copy
     # of the weights. The kernel's int8 activations alone (llama.cpp's) moved the built-in model's
     # first reply token off f32's twice as far as bf16 did; so prompts' rows and the logits' are
     # quantized in two planes (lowbit_matmul.cpp), decode steps' in one: over 40 chat prompts the
