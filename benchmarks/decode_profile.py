@@ -63,6 +63,7 @@ def main() -> None:
     ap.add_argument("--decode-model", default="auto", choices=("auto", "on", "off"))
     ap.add_argument("--context", type=int, default=256, help="prompt tokens before the profiled steps")
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=None, help="the plugin's threads (default: its own)")
     args = ap.parse_args()
     if args.decode_model == "off":  # a "decode model" that is the main compilation again
         decode_model.properties = lambda main: main
@@ -70,7 +71,7 @@ def main() -> None:
         decode_model.with_shared_cache = lambda options: replace(
             options, decode_model=True, kv_cache_precision=options.kv_cache_precision or row.kv_cache_precision)
     options = _Profiled(decode_model={"auto": None, "on": True, "off": True}[args.decode_model],
-                        lowbit_kernel=False if args.decode_model == "off" else None)
+                        lowbit_kernel=False if args.decode_model == "off" else None, num_threads=args.threads)
     engine = LLMEngine(EngineConfig(model=args.model, kv_cache_size_gb=0.5, speculative=None, overlap_steps=False,
                                     compile=options), log=print)
     ids = list(range(1000, 1000 + args.context))

@@ -13,7 +13,9 @@ import openvino as ov
 import openvino.opset13 as ops
 import pytest
 
-from vinoserve.model import cpu_defaults, decode_model, lowbit
+from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
+from vinoserve.engine.model_runner import ModelRunner
+from vinoserve.model import cpu_defaults, lowbit
 from vinoserve.model.cpu_defaults import cpu_flags
 from vinoserve.model.errors import ModelLoadError
 from vinoserve.model.gguf_loader import GGUFModel
@@ -21,6 +23,7 @@ from vinoserve.model.graph import build_model
 from vinoserve.model.lowbit import build, pack
 from vinoserve.model.paged import compile_paged
 from vinoserve.model.compile_options import CompileOptions
+from vinoserve.scheduler.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -124,19 +127,23 @@ def _two_planes(x: np.ndarray, group: int) -> np.ndarray:
     (ov.Type.i4, 32, np.float32, np.float32),  # Q4_1
     (ov.Type.i8, 16, "k", None),               # Q6_K
 ])
-def test_calls_of_many_rows_quantize_x_in_two_planes(kernel, element, group, scale_type, offset_type):
-    """From `planes_from` rows on (prompts), x is its int8 rounding plus the rounding of what that
-    left: some 2^-16 of a group's largest value off rather than 2^-8, closer to f32 than bf16;
-    fewer rows (decode steps) take one plane, as before."""
+def test_the_planes_input_quantizes_x_in_two_planes_or_one(kernel, element, group, scale_type, offset_type):
+    """With 2 on the planes input (a step with prompt tokens), x is its int8 rounding plus the
+    rounding of what that left: some 2^-16 of a group's largest value off rather than 2^-8,
+    closer to f32 than bf16; with 1 (decode steps, however many rows) one plane, as before."""
     rng = np.random.default_rng(11)
     source, scaled, offsets = _matmul(200, 512, group, element, scale_type, offset_type, rng)
     # a layer's product, which does not give the outputs themselves
+    planes = ops.parameter([], ov.Type.i32)
     hidden = ov.Model([ops.add(source.get_results()[0].input_value(0), ops.constant(np.float32(0))).output(0)],
-                      source.get_parameters())
+                      [*source.get_parameters(), planes])
     del source  # and its Result
     core = ov.Core()
-    assert lowbit.use_kernel(hidden, core, planes_from=4) == 1
-    compiled = core.compile_model(hidden, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    assert lowbit.use_kernel(hidden, core, planes.output(0)) == 1
+    model = core.compile_model(hidden, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+
+    def compiled(inputs: list[np.ndarray], count: int = 2) -> list[np.ndarray]:
+        return model([*inputs, np.array(count, np.int32)])
     x = rng.standard_normal((15, 512)).astype(np.float32)
 
     def product(seen: np.ndarray) -> np.ndarray:
@@ -149,10 +156,11 @@ def test_calls_of_many_rows_quantize_x_in_two_planes(kernel, element, group, sca
     np.testing.assert_allclose(y, product(_two_planes(x, group)), rtol=0, atol=2e-5 * np.abs(exact).max())
     one_plane = product(_int8_activations(x, group))
     assert np.abs(y - exact).max() < np.abs(one_plane - exact).max() / 20
-    few = compiled([x[:3]])[0]  # under planes_from: one plane
-    np.testing.assert_allclose(few, one_plane[:3], rtol=0, atol=2e-5 * np.abs(exact).max())
+    np.testing.assert_allclose(compiled([x], 1)[0], one_plane, rtol=0, atol=2e-5 * np.abs(exact).max())
+    np.testing.assert_allclose(compiled([x[:3]], 2)[0], y[:3], rtol=0, atol=2e-5 * np.abs(exact).max())
     logits, _, _ = _matmul(200, 512, group, element, scale_type, offset_type, np.random.default_rng(11))
-    assert lowbit.use_kernel(logits, core, planes_from=4) == 1  # the logits' product: two planes at any size
+    # the logits' product: two planes whatever the input says (it reads none)
+    assert lowbit.use_kernel(logits, core, ops.parameter([], ov.Type.i32).output(0)) == 1
     one_row = core.compile_model(logits, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})([x[:1]])[0]
     np.testing.assert_allclose(one_row, product(_two_planes(x[:1], group)), rtol=0, atol=2e-5 * np.abs(exact).max())
 
@@ -248,9 +256,10 @@ def test_on_avx512_bf16_one_f32_compilation_runs_every_low_bit_matmul_on_the_ker
     assert model.layout.key_type == ov.Type.f16
     types = [n.get_rt_info()["layerType"].astype(str) for n in model.compiled.get_runtime_model().get_ordered_ops()]
     assert types.count("Reference") == 2 * 6 + 1 and not any(t.startswith("FullyConnected") for t in types)
-    planes_from = collections.Counter(n.get_attributes()["planes_from"] for n in graph.get_ordered_ops()
-                                      if n.get_type_name() == lowbit.OP)
-    assert planes_from == {decode_model.MAX_TOKENS + 1: 2 * 6, 1: 1}  # the LM head: always two
+    planes = collections.Counter(n.get_attributes()["planes"] for n in graph.get_ordered_ops()
+                                 if n.get_type_name() == lowbit.OP)
+    assert planes == {0: 2 * 6, 2: 1}  # each step's count from the lowbit_planes input; the LM head: always two
+    assert lowbit.PLANES in model.input_names
 
 
 def test_on_avx512_bf16_without_the_kernel_the_bf16_compilation_runs(q4_k, tmp_path, monkeypatch):
@@ -275,3 +284,29 @@ def test_the_flag_reaches_the_compile_options(flag, value):
 
     args = build_parser().parse_args(["serve", "--lowbit-kernel", flag])
     assert _engine_config(args).compile.lowbit_kernel is value
+
+
+def test_steps_with_prompt_tokens_take_two_planes_decode_steps_one(kernel, monkeypatch):
+    """The runner sets lowbit_planes a step at a time: 2 where the step computes prompt tokens,
+    1 where every sequence only decodes, however many of them (a step of 40 sequences decoding
+    costs one plane's dot products, not two)."""
+    _as_avx512_bf16(monkeypatch)
+    path = str(Path(__file__).parent / "data" / "llamacpp-tiny-llama-Q4_K_M.gguf")
+    engine = LLMEngine(EngineConfig(model=path, speculative=None), log=lambda m: None)
+    assert engine.model.paged.options.lowbit_main
+    seen: list[tuple[list[bool], int]] = []  # a step's chunks (prompt tokens or not), its planes
+    prepare = ModelRunner.prepare
+
+    def spy(self, chunks, rotation=None):
+        step = prepare(self, chunks, rotation)
+        assert all(c.prompt == (c.past_len < 20) for c in chunks)  # the 20-token prompts' chunks
+        seen.append(([c.prompt for c in chunks], int(step.inputs[lowbit.PLANES])))
+        return step
+    monkeypatch.setattr(ModelRunner, "prepare", spy)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    for i in range(40):
+        engine.add_request(str(i), list(range(10 + i, 30 + i)), params)
+    while engine.has_unfinished_requests:
+        engine.step()
+    assert all(planes == (2 if any(prompt) else 1) for prompt, planes in seen)
+    assert ([False] * 40, 1) in seen and any(planes == 2 for _, planes in seen)

@@ -87,7 +87,7 @@ class DraftModelProposer:
         alive = [i for i in last if ks[i] > 1 and not seqs[i].params.ends_at(last[i], self.eos_token_ids)]
         while alive:
             chunks = [ScheduledChunk([proposals[i][-1]], len(self._states[seqs[i]].tokens),
-                                     self._states[seqs[i]].tables) for i in alive]
+                                     self._states[seqs[i]].tables, prompt=False) for i in alive]
             picks = self._greedy(self.runner.step(chunks).rows)
             for i, token in zip(alive, picks):
                 self._states[seqs[i]].tokens.append(proposals[i][-1])

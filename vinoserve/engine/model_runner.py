@@ -10,7 +10,7 @@ import numpy as np
 import openvino as ov
 
 from vinoserve.cache.kv_cache import KVCache
-from vinoserve.model import decode_model
+from vinoserve.model import decode_model, lowbit
 from vinoserve.model.paged import SAMPLED_INDICES, PagedModel
 
 
@@ -24,6 +24,10 @@ class ScheduledChunk:
     num_logits: int = 1  # logits wanted for this many trailing tokens (0 mid-prompt)
     first_position: int | None = None  # RoPE position of the first new token; default past_len
     score_window: int = 0  # queries whose attention scores are summed (cache eviction)
+    # Tokens read in (a prompt, or a preempted sequence's recomputed tokens) rather than the one
+    # just generated and its proposals: where the model has lowbit.PLANES, a step with any such
+    # chunk quantizes activations in two int8 planes, one of only generated tokens in one.
+    prompt: bool = True
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,7 @@ class ModelRunner:
         self._has_scores = model.options.score_outputs
         self._has_rotation = model.options.cache_rotation
         self._per_layer_tables = model.options.per_layer_block_tables
+        self._has_planes = lowbit.PLANES in model.input_names
         self._table_of = list(range(self._num_layers)) if table_of is None else list(table_of)
         self._num_tables = max(self._table_of) + 1
         self.infer_seconds = 0.0  # blocked on OpenVINO (starting, waiting); the rest of a step is our Python
@@ -152,8 +157,9 @@ class ModelRunner:
             inputs["score_aggregation_window"] = np.array([c.score_window for c in chunks], dtype=np.int32)
         if self._has_rotation:
             self._rotation_inputs(rotation, inputs)
-
         use_decode = self.fast_step_tokens is not None and total <= self.fast_step_tokens
+        if self._has_planes and not use_decode:
+            inputs[lowbit.PLANES] = np.array(2 if any(c.prompt for c in chunks) else 1, dtype=np.int32)
         bound = (self._decode_inputs if use_decode else self._inputs)[self._turn]
         self._turn = (self._turn + 1) % len(self._inputs)
         inputs = bound.write(inputs)

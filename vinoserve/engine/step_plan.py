@@ -57,7 +57,8 @@ def chunk(s: ScheduledSequence, req: RequestState) -> ScheduledChunk:
     if s.num_drafts:
         tokens = tokens + seq.draft_token_ids
     return ScheduledChunk(tokens, seq.num_cached_tokens, seq.block_tables, wanted, Evictor.first_position(seq, ev),
-                          Evictor.score_window(ev, seq, s.num_tokens, s.samples))
+                          Evictor.score_window(ev, seq, s.num_tokens, s.samples),
+                          prompt=start < len(seq.prompt_token_ids) or end - start > 1)
 
 
 def sampling_rows(plan: SchedulerOutput, reqs: list[RequestState],

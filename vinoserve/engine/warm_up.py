@@ -19,5 +19,5 @@ def warm_up(runner: ModelRunner, num_blocks: int, block_size: int, weights_file:
     blocks = list(range(min(num_blocks, _PROMPT_BLOCKS + 1)))
     prompt = min(len(blocks) - 1, _PROMPT_BLOCKS) * block_size or 1
     runner.step([ScheduledChunk([0] * prompt, 0, [blocks])])
-    runner.step([ScheduledChunk([0], prompt, [blocks])])
+    runner.step([ScheduledChunk([0], prompt, [blocks], prompt=False)])
     drop_mapped_pages(weights_file)

@@ -128,9 +128,8 @@ def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None
     facts = read_graph_facts(to_paged(model, options, sliding_windows))
     # the decode model's graph starts from this one, before the passes below (model/lowbit)
     raw = model.clone() if options.decode_model and options.lowbit_kernel is not False else None
-    if options.lowbit_main:  # prompts' rows in two planes, steps of up to the decode model's size in one
-        kernel = MainKernel(lowbit.kernel_graph(model, core, bool(options.fuse_projections),
-                                                planes_from=decode_model.MAX_TOKENS + 1))
+    if options.lowbit_main:  # prompt tokens in two planes, decode steps in one (lowbit.PLANES)
+        kernel = MainKernel(lowbit.kernel_graph(model, core, bool(options.fuse_projections), planes=True))
     else:
         split_block_offsets(model)  # after to_paged: the LM head's correction must read the gathered rows
         if options.fuse_projections:

@@ -15,6 +15,7 @@ the single compilation's (cpu_defaults.py).
 from __future__ import annotations
 
 import openvino as ov
+import openvino.opset13 as ops
 from openvino.utils.node_factory import NodeFactory
 
 from vinoserve.model import fuse_projections as projections
@@ -22,27 +23,39 @@ from vinoserve.model.block_offsets import split_block_offsets
 from vinoserve.model.lowbit.build import Unavailable, library
 from vinoserve.model.lowbit.rewrite import OP, replace_matmuls
 
-__all__ = ["OP", "Unavailable", "kernel_graph", "use_kernel"]
+__all__ = ["OP", "PLANES", "Unavailable", "kernel_graph", "use_kernel"]
+
+# The main compilation's input on AVX512_BF16 CPUs: 2 where a step computes prompt tokens (x in
+# two int8 planes, near f32's first reply token), 1 where it only decodes (llama.cpp's one plane).
+PLANES = "lowbit_planes"
 
 
-def use_kernel(model: ov.Model, core: ov.Core, planes_from: int = 0) -> int:
-    """In place: the model's low-bit MatMuls on the kernel, registered with `core`; calls of
-    `planes_from` rows or more (0: none) and the logits' quantize x in two int8 planes. Returns
-    how many; raises Unavailable (the model untouched) where it cannot be built or run here."""
+def use_kernel(model: ov.Model, core: ov.Core, planes: ov.Output | None = None) -> int:
+    """In place: the model's low-bit MatMuls on the kernel, registered with `core`; x in one int8
+    plane, or in as many as the scalar `planes` says and the logits' in two. Returns how many;
+    raises Unavailable (the model untouched) where it cannot be built or run here."""
     path = str(library())
     core.add_extension(path)  # again on the same core is harmless
     factory = NodeFactory()
     factory.add_extension(path)
-    return replace_matmuls(model, factory, planes_from)
+    return replace_matmuls(model, factory, planes)
 
 
-def kernel_graph(model: ov.Model, core: ov.Core, fuse: bool, planes_from: int = 0) -> int:
+def kernel_graph(model: ov.Model, core: ov.Core, fuse: bool, planes: bool = False) -> int:
     """In place, a graph fresh from paged_attention_transformation: gate and up fused (`fuse`),
     the low-bit MatMuls on the kernel, and the block offsets of what it does not take split as
-    the plugin's graph has them. Returns how many; raises Unavailable."""
+    the plugin's graph has them. With `planes`, an input PLANES (i32 scalar, 1 or 2) sets how
+    many int8 planes x is quantized to each step. Returns how many; raises Unavailable."""
     library()  # before the graph changes: where it cannot be built, the caller keeps the plugin's
     if fuse:
         projections.fuse_projections(model, activation_inputs=True)
-    count = use_kernel(model, core, planes_from)
+    scalar = None
+    if planes:  # declared before the kernel's nodes read it: the model validates its parameters
+        scalar = ops.parameter([], ov.Type.i32, name=PLANES)
+        scalar.output(0).set_names({PLANES})
+        model.add_parameters([scalar])
+    count = use_kernel(model, core, None if scalar is None else scalar.output(0))
+    if scalar is not None and not count:
+        model.remove_parameter(scalar)
     split_block_offsets(model)
     return count

@@ -11,8 +11,9 @@
 // weights (scale amax / 127), the integer dot products are exact in int32 (VNNI), and per group
 //     y += (sum_i u_i * xq_i - bias * sum_i xq_i) * scale * xd (+ offset * sum_i x_i)
 // where u = q + bias is the weight made unsigned (bias 8 for i4, 128 for i8, 0 for unsigned types).
-// From the attribute `planes_from` rows of x on (0: never), each row is two int8 rows: its rounding
-// and the rounding of what that left, summed as two rows' products (see quantize).
+// With the attribute `planes` 2, each row of x is two int8 rows: its rounding and the rounding of
+// what that left, summed as two rows' products (see quantize); 1: one; 0: as many as the last
+// input says, a scalar the runner sets each step (2 where the step computes prompt tokens).
 // The offset (a block's minimum, Q4_1 / Q4_K) multiplies the exact sum of the group's inputs, not
 // of their int8 roundings (llama.cpp's q8_1 sum): with the rounded sums the built-in Q4_1 model's
 // long-context perplexity was 1.015x f32's, with exact ones 0.992x (the plugin's correction
@@ -251,7 +252,10 @@ public:
         NODE_VALIDATION_CHECK(this, m_k % m_group == 0, "k is not a multiple of the group");
         NODE_VALIDATION_CHECK(this, m_block == 0 || (block_shift() >= 0 && (m_k / m_group) % m_block == 0),
                               "block is not a power of two dividing the groups");
-        NODE_VALIDATION_CHECK(this, get_input_size() == 3 || get_input_size() == 4, "x, weights, scales [, offsets]");
+        NODE_VALIDATION_CHECK(this, m_planes >= 0 && m_planes <= 2, "planes is 1, 2 or 0 (an input)");
+        NODE_VALIDATION_CHECK(this, float_inputs() == 1 || float_inputs() == 2, "x, weights, scales [, offsets] [, planes]");
+        NODE_VALIDATION_CHECK(this, m_planes != 0 || get_input_element_type(get_input_size() - 1) == ov::element::i32,
+                              "planes is an i32 input");
         NODE_VALIDATION_CHECK(this, !m_block || get_input_element_type(2) == ov::element::u8, "factored scales are bytes");
         auto shape = get_input_partial_shape(0);
         NODE_VALIDATION_CHECK(this, shape.rank().is_static() && shape[shape.size() - 1].compatible(m_k), "x's last dimension is not k");
@@ -263,7 +267,7 @@ public:
         auto op = std::make_shared<LowBitMatMul>();
         op->set_arguments(args);
         op->m_n = m_n; op->m_k = m_k; op->m_bits = m_bits; op->m_group = m_group; op->m_bias = m_bias; op->m_block = m_block; op->m_centre = m_centre;
-        op->m_planes_from = m_planes_from;
+        op->m_planes = m_planes;
         op->constructor_validate_and_infer_types();
         return op;
     }
@@ -276,7 +280,7 @@ public:
         v.on_attribute("bias", m_bias);
         v.on_attribute("block", m_block);
         v.on_attribute("centre", m_centre);
-        v.on_attribute("planes_from", m_planes_from);
+        v.on_attribute("planes", m_planes);
         return true;
     }
 
@@ -291,10 +295,10 @@ public:
         float* y = outputs[0].data<float>();
         if (rows == 0) return true;
         Weights w{static_cast<const uint8_t*>(inputs[1].data()), inputs[2].data(),
-                  inputs.size() > 3 ? inputs[3].data() : nullptr, inputs[2].get_element_type() == ov::element::f16,
+                  float_inputs() == 2 ? inputs[3].data() : nullptr, inputs[2].get_element_type() == ov::element::f16,
                   static_cast<int>(m_bits), static_cast<int>(m_group), static_cast<int>(m_bias), static_cast<int>(m_centre), block_shift(),
                   static_cast<size_t>(m_n), static_cast<size_t>(m_k)};
-        const int planes = m_planes_from > 0 && rows >= static_cast<size_t>(m_planes_from) ? 2 : 1;
+        const int planes = (m_planes ? m_planes : inputs.back().data<const int32_t>()[0]) == 2 ? 2 : 1;
         const Activations a = quantize(inputs[0].data<float>(), rows, w.k, w.group, planes);
         const TileFn fn = pick(w.bits, w.group, planes);
         const size_t tiles = (w.n + 15) / 16;
@@ -310,13 +314,15 @@ public:
     }
 
 private:
+    size_t float_inputs() const { return get_input_size() - 2 - (m_planes == 0); }  // scales [, offsets]
+
     int block_shift() const {  // log2 of block, -1 for none (or not a power of two)
         for (int s = 0; s < 31; s++)
             if ((int64_t{1} << s) == m_block) return s;
         return -1;
     }
 
-    int64_t m_n = 0, m_k = 0, m_bits = 4, m_group = 32, m_bias = 0, m_block = 0, m_centre = 0, m_planes_from = 0;
+    int64_t m_n = 0, m_k = 0, m_bits = 4, m_group = 32, m_bias = 0, m_block = 0, m_centre = 0, m_planes = 1;
 };
 
 }  // namespace vinoserve

@@ -20,10 +20,10 @@ K_BLOCK = 256  # weights a K-quant's f16 factor covers
 _CENTRES = (8, 16)  # weights.py's centring of Q4_K's and Q5_K's values (quantized._centred)
 
 
-def replace_matmuls(model: ov.Model, factory: NodeFactory, planes_from: int = 0) -> int:
-    """In place. Returns how many MatMuls now run on the kernel. Calls of `planes_from` rows of x
-    or more (0: none) quantize them in two int8 planes (lowbit_matmul.cpp), and with
-    `planes_from` set the logits' MatMul always does: its errors are the logits'."""
+def replace_matmuls(model: ov.Model, factory: NodeFactory, planes: ov.Output | None = None) -> int:
+    """In place. Returns how many MatMuls now run on the kernel. Each quantizes x in one int8
+    plane, or (`planes` given) in as many as that scalar says, a step at a time; then the logits'
+    MatMul always takes two: its errors are the logits' (lowbit_matmul.cpp)."""
     count = 0
     for node in model.get_ordered_ops():
         if node.get_type_name() != "MatMul" or node.get_attributes() != {"transpose_a": False, "transpose_b": True}:
@@ -31,8 +31,8 @@ def replace_matmuls(model: ov.Model, factory: NodeFactory, planes_from: int = 0)
         found = _decompression(node.input_value(1))
         if found is None or node.get_output_element_type(0) != ov.Type.f32:
             continue
-        fine = 1 if planes_from and _gives_logits(node) else planes_from
-        lowbit = _lowbit_node(factory, node.input_value(0), *found, fine)
+        lowbit = _lowbit_node(factory, node.input_value(0), *found,
+                              None if planes is None else 2 if _gives_logits(node) else planes)
         lowbit.set_friendly_name(node.get_friendly_name())
         node.output(0).replace(lowbit.output(0))
         count += 1
@@ -121,7 +121,8 @@ def _factored(scale: ov.Node, offset: ov.Node | None, rows: int, groups: int,
 
 
 def _lowbit_node(factory: NodeFactory, x: ov.Output, q: ov.Node, scale: ov.Node, offset: ov.Node | None,
-                 planes_from: int) -> ov.Node:
+                 planes: ov.Output | int | None) -> ov.Node:
+    """`planes`: a fixed count, or the scalar input that gives it (None: one)."""
     rows, groups, group = (int(d) for d in q.get_output_shape(0))
     k = groups * group
     bits = q.get_element_type().bitwidth
@@ -130,6 +131,9 @@ def _lowbit_node(factory: NodeFactory, x: ov.Output, q: ov.Node, scale: ov.Node,
     u = pack.unsigned(q.get_data(), rows, k, bits, signed)
     packed = ops.constant(pack.pack_weights(u, bits, group))
     floats, layout = _float_inputs(scale, offset, rows, groups, group)
-    return factory.create(OP, [x, packed.output(0), *(ops.constant(f).output(0) for f in floats)],
-                          {"n": rows, "k": k, "bits": bits, "group": group, "bias": bias, "planes_from": planes_from,
-                           **layout})
+    inputs = [x, packed.output(0), *(ops.constant(f).output(0) for f in floats)]
+    if isinstance(planes, ov.Output):
+        inputs.append(planes)
+    count = 0 if isinstance(planes, ov.Output) else planes or 1
+    return factory.create(OP, inputs, {"n": rows, "k": k, "bits": bits, "group": group, "bias": bias,
+                                       "planes": count, **layout})
