@@ -117,9 +117,14 @@ def test_the_kernel_computes_its_arithmetic(kernel, element, group, scale_type, 
 
 
 def _two_planes(x: np.ndarray, group: int) -> np.ndarray:
-    """x as the kernel sees it in two planes: its int8 rounding plus that of what the rounding left."""
-    first = _int8_activations(x, group)
-    return first + _int8_activations(x - first, group)
+    """x as the kernel sees it in two planes: its int8 rounding plus that of what the rounding
+    left, at a 256th of the first's scale (saturating at 127)."""
+    g = x.reshape(x.shape[0], -1, group)
+    d = (np.abs(g).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
+    first = np.rint(g * inv) * d
+    fine = np.clip(np.rint((g - first) * (inv * np.float32(256))), -128, 127) * (d / np.float32(256))
+    return (first + fine).reshape(x.shape)
 
 
 @pytest.mark.parametrize("element,group,scale_type,offset_type", [

@@ -47,12 +47,17 @@
 namespace vinoserve {
 namespace {
 
-struct Activations {  // x quantized per group: int8 values, a scale and the integer sum per group
+// x quantized per group: int8 values, a scale and the integer sum per group. In two planes a
+// group is d1 q1 + d1 / 256 q2: one integer 256 q1 + q2 at scale d1 / 256, so `d` and `s` are per
+// row of x and group in either case (s: of that integer).
+struct Activations {
     std::vector<int8_t> q;  // per row of x, `planes` rows: its int8s, then those of what they left
     std::vector<float> d;
     std::vector<int32_t> s;
     std::vector<float> sum;  // per row of x, the group's inputs summed as they are
 };
+
+constexpr int FINE = 256;  // the second plane's scale: the first's / FINE (a shift by 8 in the sums)
 
 // One group of 16 or 32 values: scale amax / 127, values rounded to nearest (even), as the plugin
 // and llama.cpp's q8 do; `rest`, if given, gets what the rounding left (v - d * q).
@@ -72,26 +77,42 @@ void quantize_group(const float* v, size_t group, int8_t* q, float& d, int32_t& 
     s = _mm512_reduce_add_epi32(sum);
 }
 
+// What the first plane's rounding left (|rest| <= d1 / 2), rounded at the scale d1 / FINE
+// (saturating: only an exact tie reaches 128); returns the integers' sum.
+int32_t quantize_rest(const float* rest, size_t group, float d1, int8_t* q) {
+    const __m512 inv = _mm512_set1_ps(d1 > 0.f ? FINE / d1 : 0.f);
+    __m512i sum = _mm512_setzero_si512();
+    for (size_t i = 0; i < group; i += 16) {
+        const __m512i n = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(rest + i), inv));
+        const __m128i n8 = _mm512_cvtsepi32_epi8(n);
+        sum = _mm512_add_epi32(sum, _mm512_cvtepi8_epi32(n8));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), n8);
+    }
+    return _mm512_reduce_add_epi32(sum);
+}
+
 // Each row of x as `planes` int8 rows per group: the first its values', a second (planes 2) what
-// the first's rounding left, at a scale 127 times finer (x = d1 q1 + d2 q2 to ~2^-16 of the
+// the first's rounding left, at a scale 256 times finer (x = d1 q1 + d1 / 256 q2 to ~2^-16 of the
 // group's largest value: closer to f32 than bf16's 2^-9, for twice the dot products). Buffers of
 // its own per call (a few KiB): a thread waiting in parallel_for may run another node's call, so
 // a thread's buffer could be rewritten under its readers.
 Activations quantize(const float* x, size_t rows, size_t k, size_t group, int planes) {
-    const size_t groups = k / group, virt = rows * planes;
-    Activations a{std::vector<int8_t>(virt * k), std::vector<float>(virt * groups), std::vector<int32_t>(virt * groups),
-                  std::vector<float>(rows * groups)};
+    const size_t groups = k / group;
+    Activations a{std::vector<int8_t>(rows * planes * k), std::vector<float>(rows * groups),
+                  std::vector<int32_t>(rows * groups), std::vector<float>(rows * groups)};
     float rest[32];
     for (size_t r = 0; r < rows; r++) {
         for (size_t g = 0; g < groups; g++) {
             const float* v = x + r * k + g * group;
+            const size_t at = r * groups + g;
             __m512 total = _mm512_setzero_ps();
             for (size_t i = 0; i < group; i += 16) total = _mm512_add_ps(total, _mm512_loadu_ps(v + i));
-            a.sum[r * groups + g] = _mm512_reduce_add_ps(total);
-            for (int p = 0; p < planes; p++) {
-                const size_t vr = r * planes + p;
-                quantize_group(p == 0 ? v : rest, group, a.q.data() + vr * k + g * group, a.d[vr * groups + g],
-                               a.s[vr * groups + g], p + 1 < planes ? rest : nullptr);
+            a.sum[at] = _mm512_reduce_add_ps(total);
+            int8_t* q = a.q.data() + r * planes * k + g * group;
+            quantize_group(v, group, q, a.d[at], a.s[at], planes == 2 ? rest : nullptr);
+            if (planes == 2) {
+                a.s[at] = FINE * a.s[at] + quantize_rest(rest, group, a.d[at], q + k);
+                a.d[at] /= FINE;
             }
         }
     }
@@ -152,7 +173,7 @@ void tile_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, fl
     const __m512i low = _mm512_set1_epi8(0x0F);
     // two chains of dot products a tile where one tile is: one is latency-bound at one row of x
     // (a 1.5B step 0.92x the time)
-    constexpr int C = NT == 1 ? 2 : 1;
+    constexpr int C = NT == 1 || P == 2 ? 2 : 1;
     for (size_t g = 0; g < groups; g++) {
         __m512i u[NT][Q];
         __m512 scale[NT], offset[NT];
@@ -174,24 +195,32 @@ void tile_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, fl
             group_floats(w, t + j, g, groups, scale[j], offset[j]);
         }
         for (int m = 0; m < MB; m++) {
-            const size_t row = m0 + m;
-            for (int p = 0; p < P; p++) {
-                const size_t vr = row * P + p, ag = vr * groups + g;
-                const int32_t* x4 = reinterpret_cast<const int32_t*>(a.q.data() + vr * w.k + g * 4 * Q);
-                __m512i s[NT][C];
+            const size_t row = m0 + m, ag = row * groups + g;
+            const int32_t* x4 = reinterpret_cast<const int32_t*>(a.q.data() + row * P * w.k + g * 4 * Q);
+            __m512i s[NT][C];  // two planes: chain 0 the first's, chain 1 the second's (and the bias)
+            for (int j = 0; j < NT; j++) {
+                s[j][C - 1] = _mm512_set1_epi32(-w.bias * a.s[ag]);
+                if constexpr (C == 2) s[j][0] = _mm512_setzero_si512();
+            }
+            for (int c = 0; c < Q; c++) {
+                const __m512i xb = _mm512_set1_epi32(x4[c]);
                 for (int j = 0; j < NT; j++) {
-                    s[j][0] = _mm512_set1_epi32(-w.bias * a.s[ag]);
-                    for (int i = 1; i < C; i++) s[j][i] = _mm512_setzero_si512();
+                    const int i = P == 2 ? 0 : c % C;
+                    s[j][i] = _mm512_dpbusd_epi32(s[j][i], u[j][c], xb);
                 }
+            }
+            if constexpr (P == 2) {
+                const int32_t* fine4 = x4 + w.k / 4;
                 for (int c = 0; c < Q; c++) {
-                    const __m512i xb = _mm512_set1_epi32(x4[c]);
-                    for (int j = 0; j < NT; j++) s[j][c % C] = _mm512_dpbusd_epi32(s[j][c % C], u[j][c], xb);
+                    const __m512i xb = _mm512_set1_epi32(fine4[c]);
+                    for (int j = 0; j < NT; j++) s[j][1] = _mm512_dpbusd_epi32(s[j][1], u[j][c], xb);
                 }
-                const __m512 d = _mm512_set1_ps(a.d[ag]);
-                for (int j = 0; j < NT; j++) {
-                    if constexpr (C == 2) s[j][0] = _mm512_add_epi32(s[j][0], s[j][1]);
-                    acc[j][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[j][0]), _mm512_mul_ps(scale[j], d), acc[j][m]);
-                }
+            }
+            const __m512 d = _mm512_set1_ps(a.d[ag]);
+            for (int j = 0; j < NT; j++) {
+                if constexpr (P == 2) s[j][0] = _mm512_add_epi32(_mm512_slli_epi32(s[j][0], 8), s[j][1]);
+                else if constexpr (C == 2) s[j][0] = _mm512_add_epi32(s[j][1], s[j][0]);
+                acc[j][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[j][0]), _mm512_mul_ps(scale[j], d), acc[j][m]);
             }
             if (w.offset) {
                 const __m512 sum = _mm512_set1_ps(a.sum[row * groups + g]);
