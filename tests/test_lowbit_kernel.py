@@ -34,10 +34,11 @@ def kernel() -> str:
         pytest.skip(f"the kernel cannot run here: {e}")
 
 
-def _matmul(rows: int, k: int, group: int, element: ov.Type, scale_type, offset_type, rng):
-    """MatMul(x, weight) with the weight chain weights.py writes; the weight's integers times their
-    scales, and its offsets per group (or None), in f32."""
-    bits, signed = element.bitwidth, element in (ov.Type.i4, ov.Type.i8)
+def _matmul(rows: int, k: int, group: int, element: ov.Type, scale_type, offset_type, rng, bits: int | None = None):
+    """MatMul(x, weight) with the weight chain weights.py writes, its integers of `bits` bits
+    (default: the element type's, Q6_K's 6 in int8); the weight's integers times their scales,
+    and its offsets per group (or None), in f32."""
+    bits, signed = bits or element.bitwidth, element in (ov.Type.i4, ov.Type.i8)
     low = -(1 << (bits - 1)) if signed else 0
     q = rng.integers(low, low + (1 << bits), (rows, k // group, group))
     if scale_type == "k":  # a K-quant's: an f16 per 256 weights times an integer per group, f32
@@ -80,7 +81,9 @@ def _int8_activations(x: np.ndarray, group: int) -> np.ndarray:
     (ov.Type.i4, 32, np.float16, None),        # Q4_0
     (ov.Type.i4, 32, np.float32, np.float32),  # Q4_1 (centred, an offset per block)
     (ov.Type.i4, 32, "k", "k"),                # Q4_K: its factors found again
-    (ov.Type.i8, 16, "k", None),               # Q6_K
+    ("q6", 16, "k", None),                     # Q6_K: int8 constants with 6-bit values, packed in 6 bits
+    ("q6", 32, np.float16, None),
+    (ov.Type.i8, 16, "k", None),               # Q6_K's scales with int8's whole range (8 bits)
     (ov.Type.i8, 32, "k", "k"),                # Q5_K
     (ov.Type.i8, 16, np.float32, None),        # f32 scales that have no factors
     (ov.Type.i8, 32, np.float16, None),        # Q8_0
@@ -92,7 +95,9 @@ def test_the_kernel_computes_its_arithmetic(kernel, element, group, scale_type, 
     200 rows (the last tile of 16 partial), 15 rows of x (the 8, 4, 2 and 1-row paths), and each
     row of x alone gives bit for bit what it gives in the batch."""
     rng = np.random.default_rng(7)
-    model, scaled, offsets = _matmul(200, 512, group, element, scale_type, offset_type, rng)
+    bits = 6 if element == "q6" else None
+    element = ov.Type.i8 if bits else element
+    model, scaled, offsets = _matmul(200, 512, group, element, scale_type, offset_type, rng, bits)
     core = ov.Core()
     assert lowbit.use_kernel(model, core) == 1
     assert [n.get_type_name() for n in model.get_ordered_ops()].count(lowbit.OP) == 1
@@ -109,9 +114,10 @@ def test_the_kernel_computes_its_arithmetic(kernel, element, group, scale_type, 
         np.testing.assert_array_equal(compiled([x[i:i + 1]])[0][0], y[i])
     node, = (n for n in model.get_ordered_ops() if n.get_type_name() == lowbit.OP)
     assert (node.get_attributes()["block"] > 0) == (scale_type == "k")
+    assert node.get_attributes()["bits"] == (bits or element.bitwidth)
     if scale_type == "k":  # the factors give bit for bit what their f32 products give
         monkeypatch.setattr(pack, "factor", lambda s, block: None)
-        plain, _, _ = _matmul(200, 512, group, element, scale_type, offset_type, np.random.default_rng(7))
+        plain, _, _ = _matmul(200, 512, group, element, scale_type, offset_type, np.random.default_rng(7), bits)
         assert lowbit.use_kernel(plain, core) == 1
         np.testing.assert_array_equal(core.compile_model(plain, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})([x])[0], y)
 
@@ -195,12 +201,13 @@ def test_the_decode_model_runs_its_low_bit_matmuls_on_the_kernel(kernel, q4_k):
 
 def test_k_quant_products_keep_the_files_factors(kernel, q4_k):
     """Q4_K, Q5_K and Q6_K: an f16 per 256 weights and an int8 per group (0.58 bytes a Q4_K weight
-    where their f32 products take 0.75); the other products' floats as they are."""
+    where their f32 products take 0.75); the other products' floats as they are. Q5_K's and Q6_K's
+    values, int8 in the graph, in 6 bits."""
     model = build_model(q4_k.config, q4_k.tensor, "auto")
     assert lowbit.use_kernel(model, ov.Core()) == 2 * 7 + 1
     layouts = collections.Counter((n.get_attributes()["bits"], n.get_attributes()["group"], n.get_attributes()["block"])
                                   for n in model.get_ordered_ops() if n.get_type_name() == lowbit.OP)
-    assert layouts == {(4, 32, 8): 10, (8, 32, 8): 2, (8, 16, 16): 3}  # Q4_K, Q5_K, Q6_K (the LM head's too)
+    assert layouts == {(4, 32, 8): 10, (6, 32, 8): 2, (6, 16, 16): 3}  # Q4_K, Q5_K, Q6_K (the LM head's too)
 
 
 def test_scales_factor_only_where_the_products_come_back_exactly():

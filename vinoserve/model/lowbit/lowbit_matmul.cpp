@@ -1,4 +1,4 @@
-// vinoserve::LowBitMatMul, an OpenVINO extension op: y[m, n] = sum_k x[m, k] * w[n, k] for 4- or
+// vinoserve::LowBitMatMul, an OpenVINO extension op: y[m, n] = sum_k x[m, k] * w[n, k] for 4-, 6- or
 // 8-bit weights in groups along k: the decode model's steps (AMX CPUs), or every product of the
 // one compilation, prompts included (AVX512_BF16 CPUs without AMX; cpu_defaults.py).
 //
@@ -22,7 +22,9 @@
 // Weight layout (written by pack.py): rows in tiles of 16, per tile and group the bytes one
 // vpdpbusd reads: chunk c holds, for each of the 16 rows, 4 consecutive weights (64 bytes).
 // 8-bit: chunk c = weights 4c..4c+3 of the group. 4-bit: the low nibbles of chunk c are weights
-// 4c..4c+3 and the high nibbles weights 4(c + H)..4(c + H)+3, H = group / 8.
+// 4c..4c+3 and the high nibbles weights 4(c + H)..4(c + H)+3, H = group / 8. 6-bit (Q6_K's
+// values, 0.75 bytes a weight where 8 bits took 1): their low four bits as the 4-bit layout, then
+// the top two in 64-byte planes, chunk c's at bits 2(c % 4) of plane c / 4.
 // Scales (and offsets) per tile and group: 16 floats (f16 or f32), one per row; or, where the
 // attribute `block` > 0 (K-quants), factored as the file stores them, in bytes (the plugin would
 // widen an f16 constant): per tile and block of `block` groups 16 f16s, then per group 16 int8s;
@@ -181,13 +183,21 @@ void tile_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, fl
             // the weights 4 groups ahead (the tiles a thread runs lie end to end): a 1.5B step 0.8-0.95x
             // the time with the hardware's prefetching alone
             for (int l = 0; l < Q * BITS / 4; l++) _mm_prefetch(reinterpret_cast<const char*>(q[j]) + 1024 + 64 * l, _MM_HINT_T0);
-            if constexpr (BITS == 4) {
+            if constexpr (BITS == 4 || BITS == 6) {
                 for (int c = 0; c < Q / 2; c++) {
                     const __m512i v = _mm512_loadu_si512(q[j] + c * 64);
                     u[j][c] = _mm512_and_si512(v, low);
                     u[j][c + Q / 2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
                 }
-                q[j] += Q * 32;
+                if constexpr (BITS == 6) {  // each chunk's top two bits, four chunks a 64-byte plane
+                    const __m512i three = _mm512_set1_epi8(0x03);
+                    for (int c = 0; c < Q; c++) {
+                        const __m512i h = _mm512_loadu_si512(q[j] + Q * 32 + c / 4 * 64);
+                        const __m512i top = _mm512_and_si512(_mm512_srli_epi16(h, 2 * (c % 4)), three);
+                        u[j][c] = _mm512_or_si512(u[j][c], _mm512_slli_epi16(top, 4));
+                    }
+                }
+                q[j] += Q * BITS * 8;
             } else {
                 for (int c = 0; c < Q; c++) u[j][c] = _mm512_loadu_si512(q[j] + c * 64);
                 q[j] += Q * 64;
@@ -259,6 +269,8 @@ template <int P>
 TileFn pick_planes(int bits, int group) {
     if (bits == 4 && group == 32) return run_tile<4, 8, P>;
     if (bits == 4 && group == 16) return run_tile<4, 4, P>;
+    if (bits == 6 && group == 32) return run_tile<6, 8, P>;
+    if (bits == 6 && group == 16) return run_tile<6, 4, P>;
     if (bits == 8 && group == 32) return run_tile<8, 8, P>;
     if (bits == 8 && group == 16) return run_tile<8, 4, P>;
     return nullptr;

@@ -42,6 +42,12 @@ def replace_matmuls(model: ov.Model, factory: NodeFactory, planes: ov.Output | N
     return count
 
 
+def _fits_six_bits(u: np.ndarray) -> bool:
+    """Whether int8 values (u = q + 128) all lie in [-32, 32): losslessly 6 bits. Any int8 matrix
+    may (a Q8_0's or the int8 conversion's take the whole range, so they do not)."""
+    return all(int(u[r:r + 4096].min()) >= 96 and int(u[r:r + 4096].max()) < 160 for r in range(0, len(u), 4096))
+
+
 def _gives_logits(node: ov.Node) -> bool:
     """Whether the MatMul's output reaches a Result through elementwise steps only (a final
     softcapping's Divide, Tanh, Multiply)."""
@@ -129,6 +135,9 @@ def _lowbit_node(factory: NodeFactory, x: ov.Output, q: ov.Node, scale: ov.Node,
     signed = _SIGNED[q.get_element_type()]
     bias = (1 << (bits - 1)) if signed else 0
     u = pack.unsigned(q.get_data(), rows, k, bits, signed)
+    if bits == 8 and signed and _fits_six_bits(u):  # Q6_K's values, which the loader widens to int8
+        u -= 128 - 32
+        bits, bias = 6, 32
     packed = ops.constant(pack.pack_weights(u, bits, group))
     floats, layout = _float_inputs(scale, offset, rows, groups, group)
     inputs = [x, packed.output(0), *(ops.constant(f).output(0) for f in floats)]
