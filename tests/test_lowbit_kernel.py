@@ -14,7 +14,7 @@ import openvino.opset13 as ops
 import pytest
 
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
-from vinoserve.engine.model_runner import ModelRunner
+from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.model import cpu_defaults, lowbit
 from vinoserve.model.cpu_defaults import cpu_flags
 from vinoserve.model.errors import ModelLoadError
@@ -300,9 +300,9 @@ def test_the_flag_reaches_the_compile_options(flag, value):
 
 
 def test_steps_with_prompt_tokens_take_two_planes_decode_steps_one(kernel, monkeypatch):
-    """The runner sets lowbit_planes a step at a time: 2 where the step computes prompt tokens,
-    1 where every sequence only decodes, however many of them (a step of 40 sequences decoding
-    costs one plane's dot products, not two)."""
+    """The runner sets lowbit_planes a step at a time: 2 where the step computes prompt tokens or
+    one sequence decodes, 1 where several sequences only decode (a step of 40 costs one plane's
+    dot products, not two)."""
     _as_avx512_bf16(monkeypatch)
     path = str(Path(__file__).parent / "data" / "llamacpp-tiny-llama-Q4_K_M.gguf")
     engine = LLMEngine(EngineConfig(model=path, speculative=None), log=lambda m: None)
@@ -321,5 +321,6 @@ def test_steps_with_prompt_tokens_take_two_planes_decode_steps_one(kernel, monke
         engine.add_request(str(i), list(range(10 + i, 30 + i)), params)
     while engine.has_unfinished_requests:
         engine.step()
-    assert all(planes == (2 if any(prompt) else 1) for prompt, planes in seen)
+    assert all(planes == (2 if any(prompt) or len(prompt) == 1 else 1) for prompt, planes in seen)
     assert ([False] * 40, 1) in seen and any(planes == 2 for _, planes in seen)
+    assert ModelRunner.planes([ScheduledChunk([5], 20, [[0]], prompt=False)]) == 2  # one sequence decoding

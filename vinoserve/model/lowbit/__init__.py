@@ -25,8 +25,9 @@ from vinoserve.model.lowbit.rewrite import OP, replace_matmuls
 
 __all__ = ["OP", "PLANES", "Unavailable", "kernel_graph", "use_kernel"]
 
-# The main compilation's input on AVX512_BF16 CPUs: 2 where a step computes prompt tokens (x in
-# two int8 planes, near f32's first reply token), 1 where it only decodes (llama.cpp's one plane).
+# The main compilation's input on AVX512_BF16 CPUs: 2 (x in two int8 planes, near f32) where a
+# step computes prompt tokens or one sequence decodes, 1 (llama.cpp's one plane) where several
+# decode (engine/model_runner.py, ModelRunner.planes).
 PLANES = "lowbit_planes"
 
 
