@@ -128,7 +128,7 @@ def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None
     facts = read_graph_facts(to_paged(model, options, sliding_windows))
     # the decode model's graph starts from this one, before the passes below (model/lowbit)
     raw = model.clone() if options.decode_model and options.lowbit_kernel is not False else None
-    if options.lowbit_main:  # prompt tokens in two planes, decode steps in one (lowbit.PLANES)
+    if options.lowbit_main:  # int8 planes a step as the runner sets them (lowbit.PLANES)
         kernel = MainKernel(lowbit.kernel_graph(model, core, bool(options.fuse_projections), planes=True))
     else:
         split_block_offsets(model)  # after to_paged: the LM head's correction must read the gathered rows

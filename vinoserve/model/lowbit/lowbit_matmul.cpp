@@ -13,7 +13,7 @@
 // where u = q + bias is the weight made unsigned (bias 8 for i4, 128 for i8, 0 for unsigned types).
 // With the attribute `planes` 2, each row of x is two int8 rows: its rounding and the rounding of
 // what that left, summed as two rows' products (see quantize); 1: one; 0: as many as the last
-// input says, a scalar the runner sets each step (2 where the step computes prompt tokens).
+// input says, a scalar the runner sets each step (engine/model_runner.py, ModelRunner.planes).
 // The offset (a block's minimum, Q4_1 / Q4_K) multiplies the exact sum of the group's inputs, not
 // of their int8 roundings (llama.cpp's q8_1 sum): with the rounded sums the built-in Q4_1 model's
 // long-context perplexity was 1.015x f32's, with exact ones 0.992x (the plugin's correction
