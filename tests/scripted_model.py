@@ -28,8 +28,10 @@ def scripted_vocab(added: list[str], control: list[str], eos: str, chat_template
 
 
 def scripted_gguf(vocab: Vocab, successors: dict[str, list[str]], path: Path, context: int = 2048) -> Path:
-    """`successors[token]`: the tokens that may follow `token`, most likely first (3 at most, 4
-    logits apart, every other token at 0). Names as in `vocab.tokens`; a byte is in its
+    """`successors[token]`: the tokens that may follow `token`, most likely first (3 at most, the
+    first at 20 and each next 4 lower, every other token at 0: at temperature 1, which agent
+    clients send, a step leaves the script with probability ~300 e^-20; at 12 it was ~0.2%, and
+    a Claude Code run failed on it once in some twenty). Names as in `vocab.tokens`; a byte is in its
     GPT-2 form ("\\n" is "Ċ"). `context`: the model's context length (byte-level prompts with
     tools run to ~1k tokens; an agent client's to tens of thousands)."""
     ids = {t: i for i, t in enumerate(vocab.tokens)}
@@ -51,7 +53,7 @@ def scripted_gguf(vocab: Vocab, successors: dict[str, list[str]], path: Path, co
         head = torch.zeros_like(model.lm_head.weight)
         for token, following in successors.items():
             for rank, s in enumerate(following):
-                head[ids[s]] += (12.0 - 4.0 * rank) * emb[ids[token]] / hidden
+                head[ids[s]] += (20.0 - 4.0 * rank) * emb[ids[token]] / hidden
         model.lm_head.weight.copy_(head.half().float())
         emb.copy_(emb.half().float())
     return write_gguf(model, path, vocab=vocab)
