@@ -17,6 +17,7 @@ import numpy as np
 import openvino as ov
 
 from vinoserve.cache.kv_cache import KVCache
+from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.model import lowbit
 from vinoserve.model.loader import resolve_model_dir
 from vinoserve.model.spec import read_config
@@ -38,7 +39,8 @@ def mixed_step(names: set[str], decodes: int, context: int, chunk: int, block: i
               "sampled_token_indices": (begins[1:] - 1).astype(np.int64),
               "block_indices_begins": np.concatenate([[0], np.cumsum(per)]).astype(np.int32),
               "block_indices": np.arange(sum(per), dtype=np.int32),
-              lowbit.PLANES: np.array(2 if chunk else 1, np.int32)}
+              lowbit.PLANES: np.array(ModelRunner.planes([ScheduledChunk([100] * n, p, [[0]], prompt=p == 0)
+                                                          for p, n in zip(past, lens)]), np.int32)}
     return {k: v for k, v in inputs.items() if k in names}, sum(per)
 
 

@@ -20,6 +20,7 @@ import openvino as ov
 from openvino._offline_transformations import paged_attention_transformation
 
 from vinoserve.cache.kv_cache import KVCache
+from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.model import lowbit
 from vinoserve.model.loader import resolve_model_dir
 from vinoserve.model.spec import read_config
@@ -56,7 +57,9 @@ def decode_inputs(compiled: ov.CompiledModel, num_layers: int, seqs: int, contex
               "max_context_len": np.array(context + 1, np.int32),
               "sampled_token_indices": np.arange(seqs, dtype=np.int64),
               "block_indices_begins": np.arange(0, (seqs + 1) * per, per, dtype=np.int32), "block_indices": table,
-              "score_aggregation_window": np.zeros(seqs, np.int32), lowbit.PLANES: np.array(1, np.int32),
+              "score_aggregation_window": np.zeros(seqs, np.int32),
+              lowbit.PLANES: np.array(ModelRunner.planes([ScheduledChunk([100], context, [[0]], prompt=False)] * seqs),
+                                      np.int32),
               **{f"block_indices.{i}": table for i in range(num_layers)}}
     names = {i.get_any_name() for i in compiled.inputs}
     return {k: v for k, v in inputs.items() if k in names}

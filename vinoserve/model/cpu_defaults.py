@@ -77,11 +77,13 @@ DEFAULTS: dict[CpuClass, ClassDefaults] = {
     # 0.53x and read prompts at 2.96x / 2.43x; one f32 compilation with every low-bit MatMul on
     # vinoserve's kernel decodes at 1.25x / 1.14x and reads prompts at 2.40x / 1.90x, with one copy
     # of the weights. The kernel's int8 activations alone (llama.cpp's) moved the built-in model's
-    # first reply token off f32's twice as far as bf16 did; so prompts' rows and the logits' are
-    # quantized in two planes (lowbit_matmul.cpp), decode steps' in one: over 40 chat prompts the
-    # first token's log-probability is then 0.0008 from f32's on average (bf16 0.028), and
-    # SmolLM2's long-context perplexity 0.992x f32's (bf16 without int8 activations 1.008x, with
-    # the plugin's 1.029x: issue 36, Zen 4). One plane for prompts too read them at 3.7x.
+    # first reply token off f32's twice as far as bf16 did; so steps with prompt tokens or one
+    # sequence, and the logits, are quantized in two planes (lowbit_matmul.cpp; the runner's
+    # ModelRunner.planes), several sequences' decode steps in one: over 40 chat prompts the first
+    # token's log-probability is then 0.0007 from f32's on average (bf16 0.028), and SmolLM2's
+    # long-context perplexity 1.0000x f32's (one-plane decode steps left it 0.99-1.02x by chance;
+    # bf16 without int8 activations 1.008x, with the plugin's 1.029x: issue 36, Zen 4). One plane
+    # for prompts too read them at 3.7x; two planes now 2.8x (the evening's kernel).
     # Zen 4 (AVX-512 at half width) is not measured on this code.
     CpuClass.AVX512_BF16: ClassDefaults(decode_model=False, kv_cache_precision="bf16",
                                         dynamic_quantization_group_size=0, lowbit_main=True),
