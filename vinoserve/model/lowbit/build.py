@@ -1,5 +1,6 @@
-"""Compile lowbit_matmul.cpp into an OpenVINO extension library, once per source, OpenVINO and
-compiler, into the cache directory (the first load takes a few seconds; later ones reuse it).
+"""Compile lowbit_matmul.cpp (and the lowbit_kernels.hpp it includes) into an OpenVINO extension
+library, once per source, OpenVINO and compiler, into the cache directory (the first load takes a
+few seconds; later ones reuse it).
 
 Built on the machine that runs it rather than shipped: an extension must be built against the
 OpenVINO it is loaded into, and the headers and libraries come with the openvino wheel. Where no
@@ -22,6 +23,7 @@ from vinoserve.model.cpu_defaults import cpu_flags
 from vinoserve.model.storage import cache_root
 
 SOURCE = Path(__file__).with_name("lowbit_matmul.cpp")
+HEADERS = [SOURCE.with_name("lowbit_kernels.hpp")]  # included by SOURCE: part of what a build is keyed on
 # AVX-512 with VNNI (vpdpbusd) and the f16 conversions: Ice Lake and later Xeons, Zen 4 and later.
 NEEDED_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"})
 _ISA = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"]
@@ -50,7 +52,8 @@ def _compiler() -> str:
 
 def built_path() -> Path:
     """Where the library for this source and this OpenVINO is (or will be) built."""
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), ov.__version__, *_ISA]).encode()).hexdigest()[:16]
+    texts = [p.read_text() for p in (SOURCE, *HEADERS)]
+    key = hashlib.sha256("\0".join([*texts, ov.__version__, *_ISA]).encode()).hexdigest()[:16]
     return cache_root() / "lowbit" / key / "liblowbit_matmul.so"
 
 

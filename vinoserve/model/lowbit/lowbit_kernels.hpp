@@ -1,0 +1,326 @@
+// The arithmetic of vinoserve::LowBitMatMul (lowbit_matmul.cpp), included by it alone: x quantized
+// to int8, then tiles of 16 weight rows against rows of x.
+//
+// As llama.cpp's q8 dot products: each row of x is quantized to int8 per group of the weights
+// (scale amax / 127), the integer dot products are exact in int32 (VNNI), and per group
+//     y += (sum_i u_i * xq_i - bias * sum_i xq_i) * scale * xd (+ offset * sum_i x_i)
+// where u = q + bias is the weight made unsigned (bias 8 for i4, 128 for i8, 0 for unsigned types).
+// In two planes each row of x is two int8 rows: its rounding and the rounding of what that left,
+// summed as two rows' products (see quantize). The offset (a block's minimum, Q4_1 / Q4_K)
+// multiplies the exact sum of the group's inputs, not of their int8 roundings (llama.cpp's q8_1
+// sum): with the rounded sums the built-in Q4_1 model's long-context perplexity was 1.015x f32's,
+// with exact ones 0.992x (the plugin's correction product, which this replaces, reads exact sums).
+//
+// Weight layout (written by pack.py): rows in tiles of 16, per tile and group the bytes one
+// vpdpbusd reads: chunk c holds, for each of the 16 rows, 4 consecutive weights (64 bytes).
+// 8-bit: chunk c = weights 4c..4c+3 of the group. 4-bit: the low nibbles of chunk c are weights
+// 4c..4c+3 and the high nibbles weights 4(c + H)..4(c + H)+3, H = group / 8. 6-bit (Q6_K's
+// values, 0.75 bytes a weight where 8 bits took 1): their low four bits as the 4-bit layout, then
+// the top two in 64-byte planes, chunk c's at bits 2(c % 4) of plane c / 4.
+// Scales (and offsets) per tile and group: 16 floats (f16 or f32), one per row; or, for K-quants
+// (block_shift >= 0), factored as the file stores them, in bytes (the plugin would widen an f16
+// constant): per tile and block of 2^block_shift groups 16 f16s, then per group 16 int8s;
+// scale = f16 * int8, exact in f32. An offset's factors are the block minimum's, o; the kernel
+// adds back centre * scale, the centring weights.py applied (8 for Q4_K, 16 for Q5_K), rounded
+// once as numpy's f32 sum was: offset = fma(scale, centre, o). 0.58 bytes a Q4_K weight instead
+// of 0.75, 1.07 a Q6_K one instead of 1.25.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
+
+namespace vinoserve {
+namespace {
+
+// From this many rows of x, tiles run in pairs sharing each broadcast of x (Zen 5, [8,960 x
+// 1,536] Q4_0 at 256 rows: 0.9x the time; 16 rows 0.85x), and rows are quantized in parallel.
+constexpr size_t PAIR_ROWS = 8;
+
+// x quantized per group: int8 values, a scale and the integer sum per group. In two planes a
+// group is d1 q1 + d1 / 256 q2: one integer 256 q1 + q2 at scale d1 / 256, so `d` and `s` are per
+// row of x and group in either case (s: of that integer).
+struct Activations {
+    // not std::vector, whose zeroing would be a serial pass over a prompt's int8s
+    std::unique_ptr<int8_t[]> q;  // per row of x, `planes` rows: its int8s, then those of what they left
+    std::unique_ptr<float[]> d;
+    std::unique_ptr<int32_t[]> s;
+    std::unique_ptr<float[]> sum;  // per row of x, the group's inputs summed as they are
+};
+
+constexpr int FINE = 256;  // the second plane's scale: the first's / FINE (a shift by 8 in the sums)
+
+// One group of 16 or 32 values: scale amax / 127, values rounded to nearest (even), as the plugin
+// and llama.cpp's q8 do; `rest`, if given, gets what the rounding left (v - d * q).
+void quantize_group(const float* v, size_t group, int8_t* q, float& d, int32_t& s, float* rest) {
+    __m512 amax = _mm512_setzero_ps();
+    for (size_t i = 0; i < group; i += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(v + i)));
+    d = _mm512_reduce_max_ps(amax) / 127.f;
+    const __m512 inv = _mm512_set1_ps(d > 0.f ? 1.f / d : 0.f);
+    __m512i sum = _mm512_setzero_si512();
+    for (size_t i = 0; i < group; i += 16) {
+        const __m512 x16 = _mm512_loadu_ps(v + i);
+        const __m512i n = _mm512_cvtps_epi32(_mm512_mul_ps(x16, inv));
+        sum = _mm512_add_epi32(sum, n);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtsepi32_epi8(n));
+        if (rest) _mm512_storeu_ps(rest + i, _mm512_fnmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(n), x16));
+    }
+    s = _mm512_reduce_add_epi32(sum);
+}
+
+// What the first plane's rounding left (|rest| <= d1 / 2), rounded at the scale d1 / FINE
+// (saturating: only an exact tie reaches 128); returns the integers' sum.
+int32_t quantize_rest(const float* rest, size_t group, float d1, int8_t* q) {
+    const __m512 inv = _mm512_set1_ps(d1 > 0.f ? FINE / d1 : 0.f);
+    __m512i sum = _mm512_setzero_si512();
+    for (size_t i = 0; i < group; i += 16) {
+        const __m512i n = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(rest + i), inv));
+        const __m128i n8 = _mm512_cvtsepi32_epi8(n);
+        sum = _mm512_add_epi32(sum, _mm512_cvtepi8_epi32(n8));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), n8);
+    }
+    return _mm512_reduce_add_epi32(sum);
+}
+
+void quantize_row(const float* x, size_t r, size_t k, size_t group, int planes, Activations& a) {
+    const size_t groups = k / group;
+    float rest[32];
+    for (size_t g = 0; g < groups; g++) {
+        const float* v = x + r * k + g * group;
+        const size_t at = r * groups + g;
+        __m512 total = _mm512_setzero_ps();
+        for (size_t i = 0; i < group; i += 16) total = _mm512_add_ps(total, _mm512_loadu_ps(v + i));
+        a.sum[at] = _mm512_reduce_add_ps(total);
+        int8_t* q = a.q.get() + r * planes * k + g * group;
+        quantize_group(v, group, q, a.d[at], a.s[at], planes == 2 ? rest : nullptr);
+        if (planes == 2) {
+            a.s[at] = FINE * a.s[at] + quantize_rest(rest, group, a.d[at], q + k);
+            a.d[at] /= FINE;
+        }
+    }
+}
+
+// Each row of x as `planes` int8 rows per group: the first its values', a second (planes 2) what
+// the first's rounding left, at a scale 256 times finer (x = d1 q1 + d1 / 256 q2 to ~2^-16 of the
+// group's largest value: closer to f32 than bf16's 2^-9, for twice the dot products). Buffers of
+// its own per call (a few KiB a decode step): a thread waiting in parallel_for may run another
+// node's call, so a thread's buffer could be rewritten under its readers.
+Activations quantize(const float* x, size_t rows, size_t k, size_t group, int planes) {
+    const size_t groups = k / group;
+    Activations a{std::unique_ptr<int8_t[]>(new int8_t[rows * planes * k]), std::unique_ptr<float[]>(new float[rows * groups]),
+                  std::unique_ptr<int32_t[]>(new int32_t[rows * groups]), std::unique_ptr<float[]>(new float[rows * groups])};
+    if (rows < PAIR_ROWS) {
+        for (size_t r = 0; r < rows; r++) quantize_row(x, r, k, group, planes, a);
+        return a;
+    }
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, rows), [&](const tbb::blocked_range<size_t>& range) {
+        for (size_t r = range.begin(); r != range.end(); r++) quantize_row(x, r, k, group, planes, a);
+    }, tbb::static_partitioner());
+    return a;
+}
+
+struct Weights {
+    const uint8_t* q;
+    const void* scale;   // plain: f16 or f32 per group; factored: bytes as above
+    const void* offset;  // nullptr: none
+    bool f16;
+    int bits, group, bias, centre, block_shift;  // block_shift < 0: plain floats
+    size_t n, k;
+    size_t tile_bytes() const { return 16 * k * bits / 8; }
+};
+
+inline __m512 load_half(const void* p, size_t i) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
+}
+
+inline __m512 load_floats(const void* p, bool f16, size_t i) {
+    return f16 ? load_half(p, i) : _mm512_loadu_ps(static_cast<const float*>(p) + i);
+}
+
+// Factored: the f16s of group g's block times g's int8s (g counted over all tiles).
+inline __m512 load_factored(const void* p, size_t g, int block_shift) {
+    const size_t block = size_t{1} << block_shift;
+    const uint8_t* at = static_cast<const uint8_t*>(p) + (g >> block_shift) * (32 + 16 * block);
+    const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 32 + 16 * (g & (block - 1))))));
+    return _mm512_mul_ps(load_half(at, 0), q);
+}
+
+// A tile's 16 scales and offsets of group g (groups: the row's).
+inline void group_floats(const Weights& w, size_t t, size_t g, size_t groups, __m512& scale, __m512& offset) {
+    const size_t at = t * groups + g;
+    if (w.block_shift < 0) {
+        scale = load_floats(w.scale, w.f16, at * 16);
+        offset = w.offset ? load_floats(w.offset, w.f16, at * 16) : _mm512_setzero_ps();
+        return;
+    }
+    scale = load_factored(w.scale, at, w.block_shift);
+    offset = w.offset ? _mm512_fmadd_ps(scale, _mm512_set1_ps(static_cast<float>(w.centre)),
+                                        load_factored(w.offset, at, w.block_shift))
+                      : _mm512_setzero_ps();
+}
+
+// Chunks c and c + Q / 2 of a tile's group at q (Q chunks; 4- and 6-bit: one load holds both),
+// as unsigned bytes.
+template <int BITS, int Q>
+inline void unpack(const uint8_t* q, int c, __m512i& lo, __m512i& hi) {
+    if constexpr (BITS == 8) {
+        lo = _mm512_loadu_si512(q + c * 64);
+        hi = _mm512_loadu_si512(q + (c + Q / 2) * 64);
+    } else {
+        const __m512i low = _mm512_set1_epi8(0x0F), v = _mm512_loadu_si512(q + c * 64);
+        lo = _mm512_and_si512(v, low);
+        hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        if constexpr (BITS == 6) {  // each chunk's top two bits, four chunks a 64-byte plane
+            const __m512i three = _mm512_set1_epi8(0x03);
+            const int c2 = c + Q / 2;
+            const __m512i top = _mm512_loadu_si512(q + Q * 32 + c / 4 * 64), top2 = _mm512_loadu_si512(q + Q * 32 + c2 / 4 * 64);
+            lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(top, 2 * (c % 4)), three), 4));
+            hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(top2, 2 * (c2 % 4)), three), 4));
+        }
+    }
+}
+
+// The weights 4 groups ahead (the tiles a thread runs lie end to end): a 1.5B step 0.8-0.95x the
+// time with the hardware's prefetching alone.
+template <int BITS, int Q>
+inline void prefetch_ahead(const uint8_t* q) {
+    for (int l = 0; l < Q * BITS / 4; l++) _mm_prefetch(reinterpret_cast<const char*>(q) + 1024 + 64 * l, _MM_HINT_T0);
+}
+
+// The group's integer sums (256 s1 + s2 in two planes) into a row's accumulator.
+inline __m512 accumulate(const Weights& w, const Activations& a, size_t ag, __m512i s, __m512 scale, __m512 offset, __m512 acc) {
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(scale, _mm512_set1_ps(a.d[ag])), acc);
+    return w.offset ? _mm512_fmadd_ps(offset, _mm512_set1_ps(a.sum[ag]), acc) : acc;
+}
+
+inline void store(const Weights& w, size_t t, float* y, const __m512& acc) {
+    const size_t live = std::min<size_t>(16, w.n - t * 16);
+    _mm512_mask_storeu_ps(y + t * 16, static_cast<__mmask16>((1u << live) - 1), acc);
+}
+
+// Tile t against MB rows of x from row m0, groups outermost (a group's weights unpacked into
+// registers once for the MB rows): fewer than PAIR_ROWS rows, decode steps. Q = weights a group
+// / 4; P: planes a row of x was quantized to.
+template <int MB, int BITS, int Q, int P>
+void tile_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, float* y) {
+    const size_t groups = w.k / (4 * Q);
+    const uint8_t* q = w.q + t * w.tile_bytes();
+    __m512 acc[MB];
+    for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
+    for (size_t g = 0; g < groups; g++) {
+        prefetch_ahead<BITS, Q>(q);
+        __m512i u[Q];
+        for (int c = 0; c < Q / 2; c++) unpack<BITS, Q>(q, c, u[c], u[c + Q / 2]);
+        q += Q * BITS * 8;
+        __m512 scale, offset;
+        group_floats(w, t, g, groups, scale, offset);
+        for (int m = 0; m < MB; m++) {
+            const size_t ag = (m0 + m) * groups + g;
+            const int32_t* x4 = reinterpret_cast<const int32_t*>(a.q.get() + (m0 + m) * P * w.k + g * 4 * Q);
+            // two chains of dot products: one is latency-bound at one row of x (a 1.5B step 0.92x
+            // the time); with two planes, a chain each (the second's with the bias)
+            __m512i s[2] = {_mm512_setzero_si512(), _mm512_set1_epi32(-w.bias * a.s[ag])};
+            for (int c = 0; c < Q; c++) s[P == 2 ? 0 : c % 2] = _mm512_dpbusd_epi32(s[P == 2 ? 0 : c % 2], u[c], _mm512_set1_epi32(x4[c]));
+            if constexpr (P == 2) {
+                for (int c = 0; c < Q; c++) s[1] = _mm512_dpbusd_epi32(s[1], u[c], _mm512_set1_epi32(x4[w.k / 4 + c]));
+                s[0] = _mm512_add_epi32(_mm512_slli_epi32(s[0], 8), s[1]);
+            } else {
+                s[0] = _mm512_add_epi32(s[1], s[0]);
+            }
+            acc[m] = accumulate(w, a, ag, s[0], scale, offset, acc[m]);
+        }
+    }
+    for (int m = 0; m < MB; m++) store(w, t, y + (m0 + m) * w.n, acc[m]);
+}
+
+// Tiles t and t + 1 against MB rows of x, chunks outermost: each unpacked chunk meets every row's
+// planes while it is in a register, and the rows' int32 sums stay in registers through the group,
+// so no register holds a whole group's weights. Three rows of two planes, four of one, fit the 32
+// registers ([8,960 x 1,536] Q4_0 at 256 rows: 0.92x and 0.82x the time of groups outermost, whose
+// rows spilled; Zen 5).
+template <int MB, int BITS, int Q, int P>
+void pair_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, float* y) {
+    const size_t groups = w.k / (4 * Q);
+    const uint8_t* q[2] = {w.q + t * w.tile_bytes(), w.q + (t + 1) * w.tile_bytes()};
+    __m512 acc[2][MB];
+    for (int j = 0; j < 2; j++)
+        for (int m = 0; m < MB; m++) acc[j][m] = _mm512_setzero_ps();
+    for (size_t g = 0; g < groups; g++) {
+        __m512i s[P][2][MB];  // per plane, tile and row; the last plane's starts at the bias
+        for (int m = 0; m < MB; m++) {
+            const __m512i bias = _mm512_set1_epi32(-w.bias * a.s[(m0 + m) * groups + g]);
+            for (int j = 0; j < 2; j++) {
+                s[P - 1][j][m] = bias;
+                if constexpr (P == 2) s[0][j][m] = _mm512_setzero_si512();
+            }
+        }
+        for (int j = 0; j < 2; j++) prefetch_ahead<BITS, Q>(q[j]);
+        for (int c = 0; c < Q / 2; c++) {
+            __m512i u[2][2];
+            for (int j = 0; j < 2; j++) unpack<BITS, Q>(q[j], c, u[j][0], u[j][1]);
+            for (int h = 0; h < 2; h++)
+                for (int m = 0; m < MB; m++) {
+                    const int32_t* x4 = reinterpret_cast<const int32_t*>(a.q.get() + (m0 + m) * P * w.k + g * 4 * Q) + c + h * Q / 2;
+                    for (int p = 0; p < P; p++) {
+                        const __m512i xb = _mm512_set1_epi32(x4[p * w.k / 4]);
+                        for (int j = 0; j < 2; j++) s[p][j][m] = _mm512_dpbusd_epi32(s[p][j][m], u[j][h], xb);
+                    }
+                }
+        }
+        for (int j = 0; j < 2; j++) {
+            q[j] += Q * BITS * 8;
+            __m512 scale, offset;
+            group_floats(w, t + j, g, groups, scale, offset);
+            for (int m = 0; m < MB; m++) {
+                const __m512i sum = P == 2 ? _mm512_add_epi32(_mm512_slli_epi32(s[0][j][m], 8), s[P - 1][j][m]) : s[0][j][m];
+                acc[j][m] = accumulate(w, a, (m0 + m) * groups + g, sum, scale, offset, acc[j][m]);
+            }
+        }
+    }
+    for (int j = 0; j < 2; j++)
+        for (int m = 0; m < MB; m++) store(w, t + j, y + (m0 + m) * w.n, acc[j][m]);
+}
+
+// Tiles t, t + 1 (pair) or t alone against every row of x.
+template <int BITS, int Q, int P>
+void run_tile(const Weights& w, const Activations& a, size_t rows, size_t t, bool pair, float* y) {
+    size_t m = 0;
+    if (pair) {
+        constexpr int MB = P == 2 ? 3 : 4;
+        for (; m + MB <= rows; m += MB) pair_kernel<MB, BITS, Q, P>(w, a, m, t, y);
+        if (m + 2 <= rows) { pair_kernel<2, BITS, Q, P>(w, a, m, t, y); m += 2; }
+        if (m < rows) pair_kernel<1, BITS, Q, P>(w, a, m, t, y);
+        return;
+    }
+    for (; m + 8 <= rows; m += 8) tile_kernel<8, BITS, Q, P>(w, a, m, t, y);
+    if (m + 4 <= rows) { tile_kernel<4, BITS, Q, P>(w, a, m, t, y); m += 4; }
+    if (m + 2 <= rows) { tile_kernel<2, BITS, Q, P>(w, a, m, t, y); m += 2; }
+    if (m < rows) tile_kernel<1, BITS, Q, P>(w, a, m, t, y);
+}
+
+using TileFn = void (*)(const Weights&, const Activations&, size_t, size_t, bool, float*);
+
+template <int P>
+TileFn pick_planes(int bits, int group) {
+    if (bits == 4 && group == 32) return run_tile<4, 8, P>;
+    if (bits == 4 && group == 16) return run_tile<4, 4, P>;
+    if (bits == 6 && group == 32) return run_tile<6, 8, P>;
+    if (bits == 6 && group == 16) return run_tile<6, 4, P>;
+    if (bits == 8 && group == 32) return run_tile<8, 8, P>;
+    if (bits == 8 && group == 16) return run_tile<8, 4, P>;
+    return nullptr;
+}
+
+TileFn pick(int bits, int group, int planes) {
+    return planes == 1 ? pick_planes<1>(bits, group) : planes == 2 ? pick_planes<2>(bits, group) : nullptr;
+}
+
+}  // namespace
+}  // namespace vinoserve
