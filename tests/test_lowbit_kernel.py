@@ -122,6 +122,18 @@ def test_the_kernel_computes_its_arithmetic(kernel, element, group, scale_type, 
         np.testing.assert_array_equal(core.compile_model(plain, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})([x])[0], y)
 
 
+def test_f16_scales_reach_the_kernel_as_two_bytes(kernel):
+    """The plugin widens an f16 constant to f32 when it compiles (Q4_0 would read 5 bits a weight,
+    not the file's 4.5), so f16 scales and offsets are given as their bytes, as the weights are."""
+    model, _, _ = _matmul(64, 256, 32, ov.Type.u4, np.float16, np.float16, np.random.default_rng(3))
+    core = ov.Core()
+    assert lowbit.use_kernel(model, core) == 1
+    runtime = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}).get_runtime_model()
+    consts = [n for n in runtime.get_ordered_ops() if n.get_rt_info()["layerType"].astype(str) == "Const"]
+    assert sorted(n.get_rt_info()["outputPrecisions"].astype(str) for n in consts) == ["u8"] * 3
+    assert sorted(int(np.prod(n.get_output_partial_shape(0).to_shape())) for n in consts) == [64 * 8 * 2] * 2 + [64 * 256 // 2]
+
+
 def _two_planes(x: np.ndarray, group: int) -> np.ndarray:
     """x as the kernel sees it in two planes: its int8 rounding plus that of what the rounding
     left, at a 256th of the first's scale (saturating at 127)."""

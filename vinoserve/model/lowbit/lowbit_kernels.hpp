@@ -17,9 +17,10 @@
 // 4c..4c+3 and the high nibbles weights 4(c + H)..4(c + H)+3, H = group / 8. 6-bit (Q6_K's
 // values, 0.75 bytes a weight where 8 bits took 1): their low four bits as the 4-bit layout, then
 // the top two in 64-byte planes, chunk c's at bits 2(c % 4) of plane c / 4.
-// Scales (and offsets) per tile and group: 16 floats (f16 or f32), one per row; or, for K-quants
-// (block_shift >= 0), factored as the file stores them, in bytes (the plugin would widen an f16
-// constant): per tile and block of 2^block_shift groups 16 f16s, then per group 16 int8s;
+// Scales (and offsets) per tile and group: 16 floats, one per row: f32, or f16 given as bytes (the
+// plugin widens an f16 constant to f32: Q4_0 read 5 bits a weight, not the file's 4.5); or, for
+// K-quants (block_shift >= 0), factored as the file stores them, in bytes: per tile and block of
+// 2^block_shift groups 16 f16s, then per group 16 int8s;
 // scale = f16 * int8, exact in f32. An offset's factors are the block minimum's, o; the kernel
 // adds back centre * scale, the centring weights.py applied (8 for Q4_K, 16 for Q5_K), rounded
 // once as numpy's f32 sum was: offset = fma(scale, centre, o). 0.58 bytes a Q4_K weight instead
@@ -127,7 +128,7 @@ Activations quantize(const float* x, size_t rows, size_t k, size_t group, int pl
 
 struct Weights {
     const uint8_t* q;
-    const void* scale;   // plain: f16 or f32 per group; factored: bytes as above
+    const void* scale;   // plain: f16 (as bytes) or f32 per group; factored: bytes as above
     const void* offset;  // nullptr: none
     bool f16;
     int bits, group, bias, centre, block_shift;  // block_shift < 0: plain floats

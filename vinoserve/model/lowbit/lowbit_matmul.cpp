@@ -37,7 +37,10 @@ public:
         NODE_VALIDATION_CHECK(this, float_inputs() == 1 || float_inputs() == 2, "x, weights, scales [, offsets] [, planes]");
         NODE_VALIDATION_CHECK(this, m_planes != 0 || get_input_element_type(get_input_size() - 1) == ov::element::i32,
                               "planes is an i32 input");
-        NODE_VALIDATION_CHECK(this, !m_block || get_input_element_type(2) == ov::element::u8, "factored scales are bytes");
+        const auto scales = get_input_element_type(2);
+        NODE_VALIDATION_CHECK(this, scales == ov::element::u8 || (!m_block && scales == ov::element::f32),
+                              "scales are f32, or bytes: f16s or (block > 0) their factors");
+        NODE_VALIDATION_CHECK(this, float_inputs() == 1 || get_input_element_type(3) == scales, "offsets are of the scales' type");
         auto shape = get_input_partial_shape(0);
         NODE_VALIDATION_CHECK(this, shape.rank().is_static() && shape[shape.size() - 1].compatible(m_k), "x's last dimension is not k");
         shape[shape.size() - 1] = static_cast<int64_t>(m_n);
@@ -76,7 +79,7 @@ public:
         float* y = outputs[0].data<float>();
         if (rows == 0) return true;
         Weights w{static_cast<const uint8_t*>(inputs[1].data()), inputs[2].data(),
-                  float_inputs() == 2 ? inputs[3].data() : nullptr, inputs[2].get_element_type() == ov::element::f16,
+                  float_inputs() == 2 ? inputs[3].data() : nullptr, inputs[2].get_element_type() == ov::element::u8,
                   static_cast<int>(m_bits), static_cast<int>(m_group), static_cast<int>(m_bias), static_cast<int>(m_centre), block_shift(),
                   static_cast<size_t>(m_n), static_cast<size_t>(m_k)};
         const int planes = (m_planes ? m_planes : inputs.back().data<const int32_t>()[0]) == 2 ? 2 : 1;

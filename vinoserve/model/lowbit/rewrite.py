@@ -98,15 +98,16 @@ def _float_inputs(scale: ov.Node, offset: ov.Node | None, rows: int, groups: int
                   group: int) -> tuple[list[np.ndarray], dict[str, int]]:
     """The kernel's scale and offset inputs, and its `block` and `centre`: f32 scales (the
     K-quants') as the file's factors where they give them back exactly, else the floats, one type
-    for both."""
+    for both: f32, or f16 as bytes (the plugin would widen an f16 constant to f32)."""
     block = K_BLOCK // group
     if scale.get_element_type() == ov.Type.f32 and groups % block == 0:
         factored = _factored(scale, offset, rows, groups, block)
         if factored is not None:
             return factored
     f32 = any(c is not None and c.get_element_type() == ov.Type.f32 for c in (scale, offset))
-    return [pack.pack_floats(_floats(c, rows, groups).astype(np.float32 if f32 else np.float16))
-            for c in (scale, offset) if c is not None], {"block": 0, "centre": 0}
+    packed = [pack.pack_floats(_floats(c, rows, groups).astype(np.float32 if f32 else np.float16))
+              for c in (scale, offset) if c is not None]
+    return [p if f32 else p.view(np.uint8) for p in packed], {"block": 0, "centre": 0}
 
 
 def _factored(scale: ov.Node, offset: ov.Node | None, rows: int, groups: int,
