@@ -83,7 +83,7 @@ DEFAULTS: dict[CpuClass, ClassDefaults] = {
     # token's log-probability is then 0.0007 from f32's on average (bf16 0.028), and SmolLM2's
     # long-context perplexity 1.0000x f32's (one-plane decode steps left it 0.99-1.02x by chance;
     # bf16 without int8 activations 1.008x, with the plugin's 1.029x: issue 36, Zen 4). One plane
-    # for prompts too read them at 3.7x; two planes now 2.8x (the evening's kernel).
+    # for prompts too read them at 3.7x; two planes 3.1x since 11-28 (registers kept, no spills).
     # Zen 4 (AVX-512 at half width) is not measured on this code.
     CpuClass.AVX512_BF16: ClassDefaults(decode_model=False, kv_cache_precision="bf16",
                                         dynamic_quantization_group_size=0, lowbit_main=True),
