@@ -132,7 +132,7 @@ struct Weights {
     const void* offset;  // nullptr: none
     bool f16;
     int bits, group, bias, centre, block_shift;  // block_shift < 0: plain floats
-    size_t n, k;
+    size_t n, k, prefetch;
     size_t tile_bytes() const { return 16 * k * bits / 8; }
 };
 
@@ -195,11 +195,12 @@ inline void unpack(const uint8_t* q, int c, __m512i& lo, __m512i& hi) {
     }
 }
 
-// The weights 4 groups ahead (the tiles a thread runs lie end to end): a 1.5B step 0.8-0.95x the
-// time with the hardware's prefetching alone.
+// The weights w.prefetch bytes ahead (the tiles a thread runs lie end to end; the distance is
+// the CPU class's, cpu_defaults.py): a 1.5B step 0.8-0.95x the time with the hardware's
+// prefetching alone (Emerald Rapids).
 template <int BITS, int Q>
-inline void prefetch_ahead(const uint8_t* q) {
-    for (int l = 0; l < Q * BITS / 4; l++) _mm_prefetch(reinterpret_cast<const char*>(q) + 1024 + 64 * l, _MM_HINT_T0);
+inline void prefetch_ahead(const Weights& w, const uint8_t* q) {
+    for (int l = 0; l < Q * BITS / 4; l++) _mm_prefetch(reinterpret_cast<const char*>(q) + w.prefetch + 64 * l, _MM_HINT_T0);
 }
 
 // The group's integer sums (256 s1 + s2 in two planes) into a row's accumulator.
@@ -223,7 +224,7 @@ void tile_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, fl
     __m512 acc[MB];
     for (int m = 0; m < MB; m++) acc[m] = _mm512_setzero_ps();
     for (size_t g = 0; g < groups; g++) {
-        prefetch_ahead<BITS, Q>(q);
+        prefetch_ahead<BITS, Q>(w, q);
         __m512i u[Q];
         for (int c = 0; c < Q / 2; c++) unpack<BITS, Q>(q, c, u[c], u[c + Q / 2]);
         q += Q * BITS * 8;
@@ -270,7 +271,7 @@ void pair_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, fl
             }
         }
         if (m0 == 0)  // later rows find the pair's weights in cache (0.95x a Q4_0 / Q4_K prompt product's time)
-            for (int j = 0; j < 2; j++) prefetch_ahead<BITS, Q>(q[j]);
+            for (int j = 0; j < 2; j++) prefetch_ahead<BITS, Q>(w, q[j]);
         for (int c = 0; c < Q / 2; c++) {
             __m512i u[2][2];
             for (int j = 0; j < 2; j++) unpack<BITS, Q>(q[j], c, u[j][0], u[j][1]);

@@ -11,6 +11,7 @@ import openvino.opset13 as ops
 from openvino.utils.node_factory import NodeFactory
 
 from vinoserve.memory import release_freed_heap
+from vinoserve.model import cpu_defaults
 from vinoserve.model.lowbit import pack
 
 OP = "LowBitMatMul"
@@ -145,5 +146,6 @@ def _lowbit_node(factory: NodeFactory, x: ov.Output, q: ov.Node, scale: ov.Node,
     if isinstance(planes, ov.Output):
         inputs.append(planes)
     count = 0 if isinstance(planes, ov.Output) else planes or 1
+    prefetch = cpu_defaults.DEFAULTS[cpu_defaults.this_cpu()].lowbit_prefetch
     return factory.create(OP, inputs, {"n": rows, "k": k, "bits": bits, "group": group, "bias": bias,
-                                       "planes": count, **layout})
+                                       "planes": count, "prefetch": prefetch, **layout})
