@@ -114,8 +114,10 @@ void quantize_row(const float* x, size_t r, size_t k, size_t group, int planes, 
 // node's call, so a thread's buffer could be rewritten under its readers.
 Activations quantize(const float* x, size_t rows, size_t k, size_t group, int planes) {
     const size_t groups = k / group;
-    Activations a{std::unique_ptr<int8_t[]>(new int8_t[rows * planes * k]), std::unique_ptr<float[]>(new float[rows * groups]),
-                  std::unique_ptr<int32_t[]>(new int32_t[rows * groups]), std::unique_ptr<float[]>(new float[rows * groups])};
+    Activations a{std::unique_ptr<int8_t[]>(new int8_t[rows * planes * k]),
+                  std::unique_ptr<float[]>(new float[rows * groups]),
+                  std::unique_ptr<int32_t[]>(new int32_t[rows * groups]),
+                  std::unique_ptr<float[]>(new float[rows * groups])};
     if (rows < PAIR_ROWS) {
         for (size_t r = 0; r < rows; r++) quantize_row(x, r, k, group, planes, a);
         return a;
@@ -185,7 +187,7 @@ inline void unpack(const uint8_t* q, int c, __m512i& lo, __m512i& hi) {
         hi = _mm512_loadu_si512(q + (c + Q / 2) * 64);
     } else {
         const __m512i low = _mm512_set1_epi8(0x0F), v = _mm512_loadu_si512(q + c * 64);
-        if constexpr (BITS == 6) {  // (v & low) | top in one instruction (0.96x a Q6_K prompt product's time)
+        if constexpr (BITS == 6) {  // (v & low) | top in one op (0.96x a Q6_K prompt product's time)
             lo = _mm512_ternarylogic_epi32(v, top_bits(q + Q * 32, c), low, 0xEC);
             hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4), top_bits(q + Q * 32, c + Q / 2), low, 0xEC);
         } else {
@@ -270,7 +272,8 @@ void pair_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, fl
                 if constexpr (P == 2) s[0][j][m] = _mm512_setzero_si512();
             }
         }
-        if (m0 == 0)  // later rows find the pair's weights in cache (0.95x a Q4_0 / Q4_K prompt product's time)
+        // later rows find the pair's weights in cache (0.95x a Q4_0 / Q4_K prompt product's time)
+        if (m0 == 0)
             for (int j = 0; j < 2; j++) prefetch_ahead<BITS, Q>(w, q[j]);
         for (int c = 0; c < Q / 2; c++) {
             __m512i u[2][2];
