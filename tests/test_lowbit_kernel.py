@@ -134,6 +134,38 @@ def test_f16_scales_reach_the_kernel_as_two_bytes(kernel):
     assert sorted(int(np.prod(n.get_output_partial_shape(0).to_shape())) for n in consts) == [64 * 8 * 2] * 2 + [64 * 256 // 2]
 
 
+def _split_product(parts: list[int]) -> ov.Model:
+    """A product whose columns a VariadicSplit cuts into `parts`, as fuse_projections leaves q/k/v."""
+    model, _, _ = _matmul(96, 256, 32, ov.Type.i4, np.float16, None, np.random.default_rng(5))
+    split = ops.variadic_split(model.get_results()[0].input_value(0), ops.constant(np.int64(-1)),
+                               ops.constant(np.array(parts, np.int64)))
+    return ov.Model([split.output(i) for i in range(len(parts))], model.get_parameters())
+
+
+def test_a_split_product_stores_its_parts_as_outputs_of_its_own(kernel):
+    """Parts of whole tiles: one kernel node with an output a part and no split node (no copy), the
+    same numbers as the whole product's columns, in the paired and the one-tile paths; parts
+    that cut a tile keep the split."""
+    core = ov.Core()
+    whole, _, _ = _matmul(96, 256, 32, ov.Type.i4, np.float16, None, np.random.default_rng(5))
+    assert lowbit.use_kernel(whole, core) == 1
+    split = _split_product([32, 48, 16])
+    assert lowbit.use_kernel(split, core) == 1
+    assert [n.get_type_name() for n in split.get_ordered_ops()].count("VariadicSplit") == 0
+    (node,) = (n for n in split.get_ordered_ops() if n.get_type_name() == lowbit.OP)
+    assert node.get_output_size() == 3 and list(node.get_attributes()["parts"]) == [32, 48, 16]
+    x = np.random.default_rng(6).standard_normal((13, 256)).astype(np.float32)
+    compiled = [core.compile_model(m, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}) for m in (whole, split)]
+    for rows in (1, 13):  # one tile at a time, tiles in pairs
+        y = compiled[0]([x[:rows]])[0]
+        parts = compiled[1]([x[:rows]])
+        for i, (start, end) in enumerate([(0, 32), (32, 80), (80, 96)]):
+            np.testing.assert_array_equal(parts[i], y[:, start:end])
+    uneven = _split_product([40, 56])
+    assert lowbit.use_kernel(uneven, core) == 1
+    assert [n.get_type_name() for n in uneven.get_ordered_ops()].count("VariadicSplit") == 1
+
+
 def _two_planes(x: np.ndarray, group: int) -> np.ndarray:
     """x as the kernel sees it in two planes: its int8 rounding plus that of what the rounding
     left, at a 256th of the first's scale (saturating at 127)."""

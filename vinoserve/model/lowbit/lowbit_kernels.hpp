@@ -211,16 +211,27 @@ inline __m512 accumulate(const Weights& w, const Activations& a, size_t ag, __m5
     return w.offset ? _mm512_fmadd_ps(offset, _mm512_set1_ps(a.sum[ag]), acc) : acc;
 }
 
-inline void store(const Weights& w, size_t t, float* y, const __m512& acc) {
-    const size_t live = std::min<size_t>(16, w.n - t * 16);
-    _mm512_mask_storeu_ps(y + t * 16, static_cast<__mmask16>((1u << live) - 1), acc);
+// Where the outputs go: y's columns in up to 4 parts of whole tiles, each its own tensor (a fused
+// q/k/v or gate/up product, split as it is stored rather than copied by a split node after it).
+struct Outputs {
+    static constexpr int MAX = 4;
+    float* data[MAX];
+    size_t n[MAX], first_tile[MAX];
+    int parts;
+};
+
+inline void store(const Outputs& y, size_t t, size_t row, const __m512& acc) {
+    int p = 0;
+    while (p + 1 < y.parts && t >= y.first_tile[p + 1]) p++;
+    const size_t col = (t - y.first_tile[p]) * 16, live = std::min<size_t>(16, y.n[p] - col);
+    _mm512_mask_storeu_ps(y.data[p] + row * y.n[p] + col, static_cast<__mmask16>((1u << live) - 1), acc);
 }
 
 // Tile t against MB rows of x from row m0, groups outermost (a group's weights unpacked into
 // registers once for the MB rows): fewer than PAIR_ROWS rows, decode steps. Q = weights a group
 // / 4; P: planes a row of x was quantized to.
 template <int MB, int BITS, int Q, int P>
-void tile_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, float* y) {
+void tile_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, const Outputs& y) {
     const size_t groups = w.k / (4 * Q);
     const uint8_t* q = w.q + t * w.tile_bytes();
     __m512 acc[MB];
@@ -248,7 +259,7 @@ void tile_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, fl
             acc[m] = accumulate(w, a, ag, s[0], scale, offset, acc[m]);
         }
     }
-    for (int m = 0; m < MB; m++) store(w, t, y + (m0 + m) * w.n, acc[m]);
+    for (int m = 0; m < MB; m++) store(y, t, m0 + m, acc[m]);
 }
 
 // Tiles t and t + 1 against MB rows of x, chunks outermost: each unpacked chunk meets every row's
@@ -257,7 +268,7 @@ void tile_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, fl
 // registers ([8,960 x 1,536] Q4_0 at 256 rows: 0.92x and 0.82x the time of groups outermost, whose
 // rows spilled; Zen 5).
 template <int MB, int BITS, int Q, int P>
-void pair_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, float* y) {
+void pair_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, const Outputs& y) {
     const size_t groups = w.k / (4 * Q);
     const uint8_t* q[2] = {w.q + t * w.tile_bytes(), w.q + (t + 1) * w.tile_bytes()};
     __m512 acc[2][MB];
@@ -298,12 +309,12 @@ void pair_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, fl
         }
     }
     for (int j = 0; j < 2; j++)
-        for (int m = 0; m < MB; m++) store(w, t + j, y + (m0 + m) * w.n, acc[j][m]);
+        for (int m = 0; m < MB; m++) store(y, t + j, m0 + m, acc[j][m]);
 }
 
 // Tiles t, t + 1 (pair) or t alone against every row of x.
 template <int BITS, int Q, int P>
-void run_tile(const Weights& w, const Activations& a, size_t rows, size_t t, bool pair, float* y) {
+void run_tile(const Weights& w, const Activations& a, size_t rows, size_t t, bool pair, const Outputs& y) {
     size_t m = 0;
     if (pair) {
         constexpr int MB = P == 2 ? 3 : 4;
@@ -318,7 +329,7 @@ void run_tile(const Weights& w, const Activations& a, size_t rows, size_t t, boo
     if (m < rows) tile_kernel<1, BITS, Q, P>(w, a, m, t, y);
 }
 
-using TileFn = void (*)(const Weights&, const Activations&, size_t, size_t, bool, float*);
+using TileFn = void (*)(const Weights&, const Activations&, size_t, size_t, bool, const Outputs&);
 
 template <int P>
 TileFn pick_planes(int bits, int group) {

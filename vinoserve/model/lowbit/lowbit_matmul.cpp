@@ -11,7 +11,8 @@
 // Attributes: n, k, bits (4, 6 or 8), group (16 or 32), bias (what makes a weight unsigned),
 // block and centre (K-quants' factored scales), planes: x quantized to 1 or 2 int8 planes, or 0:
 // as many as the last input says, a scalar the runner sets each step (engine/model_runner.py,
-// ModelRunner.planes); prefetch: how far ahead the weights are fetched, in bytes.
+// ModelRunner.planes); prefetch: how far ahead the weights are fetched, in bytes; parts: the
+// outputs' widths where the product is split along its columns (whole tiles; empty: one output).
 #include <cstdint>
 #include <vector>
 
@@ -44,15 +45,24 @@ public:
         NODE_VALIDATION_CHECK(this, float_inputs() == 1 || get_input_element_type(3) == scales, "offsets are of the scales' type");
         auto shape = get_input_partial_shape(0);
         NODE_VALIDATION_CHECK(this, shape.rank().is_static() && shape[shape.size() - 1].compatible(m_k), "x's last dimension is not k");
-        shape[shape.size() - 1] = static_cast<int64_t>(m_n);
-        set_output_type(0, ov::element::f32, shape);
+        const std::vector<int64_t> parts = this->parts();
+        int64_t total = 0;
+        for (const int64_t n : parts) {
+            NODE_VALIDATION_CHECK(this, n > 0 && (parts.size() == 1 || n % 16 == 0), "parts are whole tiles of 16 columns");
+            total += n;
+        }
+        NODE_VALIDATION_CHECK(this, total == m_n && parts.size() <= Outputs::MAX, "up to 4 parts, summing to n");
+        for (size_t i = 0; i < parts.size(); i++) {
+            shape[shape.size() - 1] = parts[i];
+            set_output_type(i, ov::element::f32, shape);
+        }
     }
 
     std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override {
         auto op = std::make_shared<LowBitMatMul>();
         op->set_arguments(args);
         op->m_n = m_n; op->m_k = m_k; op->m_bits = m_bits; op->m_group = m_group; op->m_bias = m_bias; op->m_block = m_block; op->m_centre = m_centre;
-        op->m_planes = m_planes; op->m_prefetch = m_prefetch;
+        op->m_planes = m_planes; op->m_prefetch = m_prefetch; op->m_parts = m_parts;
         op->constructor_validate_and_infer_types();
         return op;
     }
@@ -67,6 +77,7 @@ public:
         v.on_attribute("centre", m_centre);
         v.on_attribute("planes", m_planes);
         v.on_attribute("prefetch", m_prefetch);
+        v.on_attribute("parts", m_parts);
         return true;
     }
 
@@ -74,11 +85,17 @@ public:
 
     bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override {
         const ov::Shape xs = inputs[0].get_shape();
-        ov::Shape ys = xs;
-        ys.back() = m_n;
-        outputs[0].set_shape(ys);
+        const std::vector<int64_t> parts = this->parts();
+        Outputs y{{}, {}, {}, static_cast<int>(parts.size())};
+        for (size_t i = 0, tile = 0; i < parts.size(); tile += parts[i] / 16, i++) {
+            ov::Shape ys = xs;
+            ys.back() = parts[i];
+            outputs[i].set_shape(ys);
+            y.data[i] = outputs[i].data<float>();
+            y.n[i] = parts[i];
+            y.first_tile[i] = tile;
+        }
         const size_t rows = ov::shape_size(xs) / m_k;
-        float* y = outputs[0].data<float>();
         if (rows == 0) return true;
         Weights w{static_cast<const uint8_t*>(inputs[1].data()), inputs[2].data(),
                   float_inputs() == 2 ? inputs[3].data() : nullptr, inputs[2].get_element_type() == ov::element::u8,
@@ -101,6 +118,8 @@ public:
 private:
     size_t float_inputs() const { return get_input_size() - 2 - (m_planes == 0); }  // scales [, offsets]
 
+    std::vector<int64_t> parts() const { return m_parts.empty() ? std::vector<int64_t>{m_n} : m_parts; }
+
     int block_shift() const {  // log2 of block, -1 for none (or not a power of two)
         for (int s = 0; s < 31; s++)
             if ((int64_t{1} << s) == m_block) return s;
@@ -108,6 +127,7 @@ private:
     }
 
     int64_t m_n = 0, m_k = 0, m_bits = 4, m_group = 32, m_bias = 0, m_block = 0, m_centre = 0, m_planes = 1, m_prefetch = 1024;
+    std::vector<int64_t> m_parts;  // the outputs' columns, in tiles' order; empty: one output of n
 };
 
 }  // namespace vinoserve

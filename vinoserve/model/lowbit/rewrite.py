@@ -32,10 +32,13 @@ def replace_matmuls(model: ov.Model, factory: NodeFactory, planes: ov.Output | N
         found = _decompression(node.input_value(1))
         if found is None or node.get_output_element_type(0) != ov.Type.f32:
             continue
+        split = _column_split(node)
         lowbit = _lowbit_node(factory, node.input_value(0), *found,
-                              None if planes is None else 2 if _gives_logits(node) else planes)
+                              None if planes is None else 2 if _gives_logits(node) else planes,
+                              [] if split is None else split[1])
         lowbit.set_friendly_name(node.get_friendly_name())
-        node.output(0).replace(lowbit.output(0))
+        for i, output in enumerate([node.output(0)] if split is None else split[0].outputs()):
+            output.replace(lowbit.output(i))
         count += 1
     if count:
         model.validate_nodes_and_infer_types()
@@ -47,6 +50,24 @@ def _fits_six_bits(u: np.ndarray) -> bool:
     """Whether int8 values (u = q + 128) all lie in [-32, 32): losslessly 6 bits. Any int8 matrix
     may (a Q8_0's or the int8 conversion's take the whole range, so they do not)."""
     return all(int(u[r:r + 4096].min()) >= 96 and int(u[r:r + 4096].max()) < 160 for r in range(0, len(u), 4096))
+
+
+def _column_split(node: ov.Node) -> tuple[ov.Node, list[int]] | None:
+    """The VariadicSplit of the MatMul's columns that fuse_projections put after it, and its parts,
+    where each is whole tiles: the kernel stores each part as an output of its own instead, a
+    copy less (a 1.5B Q4_0 prompt step 0.984x the time, decode unchanged; Zen 5)."""
+    targets = list(node.output(0).get_target_inputs())
+    split = targets[0].get_node() if len(targets) == 1 else None
+    if split is None or split.get_type_name() != "VariadicSplit":
+        return None
+    axis, lengths = (split.input_value(i).get_node() for i in (1, 2))
+    if axis.get_type_name() != "Constant" or lengths.get_type_name() != "Constant":
+        return None
+    rank = node.get_output_partial_shape(0).rank.get_length()
+    parts = [int(n) for n in lengths.get_data()]
+    if int(axis.get_data()) % rank != rank - 1 or len(parts) > 4 or any(n <= 0 or n % pack.TILE for n in parts):
+        return None
+    return split, parts
 
 
 def _gives_logits(node: ov.Node) -> bool:
@@ -129,8 +150,9 @@ def _factored(scale: ov.Node, offset: ov.Node | None, rows: int, groups: int,
 
 
 def _lowbit_node(factory: NodeFactory, x: ov.Output, q: ov.Node, scale: ov.Node, offset: ov.Node | None,
-                 planes: ov.Output | int | None) -> ov.Node:
-    """`planes`: a fixed count, or the scalar input that gives it (None: one)."""
+                 planes: ov.Output | int | None, parts: list[int]) -> ov.Node:
+    """`planes`: a fixed count, or the scalar input that gives it (None: one); `parts`: the
+    outputs' widths (empty: one output)."""
     rows, groups, group = (int(d) for d in q.get_output_shape(0))
     k = groups * group
     bits = q.get_element_type().bitwidth
@@ -148,4 +170,4 @@ def _lowbit_node(factory: NodeFactory, x: ov.Output, q: ov.Node, scale: ov.Node,
     count = 0 if isinstance(planes, ov.Output) else planes or 1
     prefetch = cpu_defaults.DEFAULTS[cpu_defaults.this_cpu()].lowbit_prefetch
     return factory.create(OP, inputs, {"n": rows, "k": k, "bits": bits, "group": group, "bias": bias,
-                                       "planes": count, "prefetch": prefetch, **layout})
+                                       "planes": count, "prefetch": prefetch, "parts": parts, **layout})
