@@ -211,8 +211,8 @@ inline __m512 accumulate(const Weights& w, const Activations& a, size_t ag, __m5
     return w.offset ? _mm512_fmadd_ps(offset, _mm512_set1_ps(a.sum[ag]), acc) : acc;
 }
 
-// Where the outputs go: y's columns in up to 4 parts of whole tiles, each its own tensor (a fused
-// q/k/v or gate/up product, split as it is stored rather than copied by a split node after it).
+// Where the outputs go: y's columns in one part, or in up to 4 of whole tiles, each its own tensor
+// (a fused q/k/v or gate/up product, split as it is stored rather than copied by a node after it).
 struct Outputs {
     static constexpr int MAX = 4;
     float* data[MAX];
