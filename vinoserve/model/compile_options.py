@@ -24,6 +24,8 @@ class CompileOptions:
     lowbit_kernel: bool | None = None
     # resolved (cpu_defaults.py): the main compilation's low-bit matmuls are on the kernel
     lowbit_main: bool = False
+    # resolved (cpu_defaults.py): how far ahead (bytes) the kernel prefetches its weights
+    lowbit_prefetch: int = 1024
     # int8 activations per this many inputs in matmuls with low-bit weights (0: off); None: per
     # CPU class (cpu_defaults.py)
     dynamic_quantization_group_size: int | None = None

@@ -112,6 +112,7 @@ def resolve(options: CompileOptions, core: ov.Core, model: ov.Model, cpu: CpuCla
     if options.device != "CPU":
         return replace(options, decode_model=False, fuse_projections=bool(options.fuse_projections))
     row = DEFAULTS[cpu or this_cpu()]
+    options = replace(options, lowbit_prefetch=row.lowbit_prefetch)
     if row.lowbit_main and _left_to_kernel(options) and decode_model.has_low_bit_matmuls(model):
         # f32 compute's own cache here is u8; f16 takes bf16's bytes and moved the first reply
         # token less (40 chat prompts against f32, Zen 5)

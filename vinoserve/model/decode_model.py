@@ -120,7 +120,7 @@ def graph(prepared: ov.Model, raw: ov.Model | None, options: CompileOptions,
     if raw is None:
         return prepared, DecodeGraph(packed_copy_bytes(prepared))
     try:
-        count = lowbit.kernel_graph(raw, core, bool(options.fuse_projections))
+        count = lowbit.kernel_graph(raw, core, bool(options.fuse_projections), prefetch=options.lowbit_prefetch)
     except lowbit.Unavailable as e:
         if options.lowbit_kernel:
             raise ModelLoadError(f"the low-bit kernel was asked for: {e}") from e

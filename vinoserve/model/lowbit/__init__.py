@@ -31,18 +31,19 @@ __all__ = ["OP", "PLANES", "Unavailable", "kernel_graph", "use_kernel"]
 PLANES = "lowbit_planes"
 
 
-def use_kernel(model: ov.Model, core: ov.Core, planes: ov.Output | None = None) -> int:
+def use_kernel(model: ov.Model, core: ov.Core, planes: ov.Output | None = None, prefetch: int = 1024) -> int:
     """In place: the model's low-bit MatMuls on the kernel, registered with `core`; x in one int8
-    plane, or in as many as the scalar `planes` says and the logits' in two. Returns how many;
-    raises Unavailable (the model untouched) where it cannot be built or run here."""
+    plane, or in as many as the scalar `planes` says and the logits' in two; weights prefetched
+    `prefetch` bytes ahead. Returns how many; raises Unavailable (the model untouched) where it
+    cannot be built or run here."""
     path = str(library())
     core.add_extension(path)  # again on the same core is harmless
     factory = NodeFactory()
     factory.add_extension(path)
-    return replace_matmuls(model, factory, planes)
+    return replace_matmuls(model, factory, planes, prefetch)
 
 
-def kernel_graph(model: ov.Model, core: ov.Core, fuse: bool, planes: bool = False) -> int:
+def kernel_graph(model: ov.Model, core: ov.Core, fuse: bool, planes: bool = False, prefetch: int = 1024) -> int:
     """In place, a graph fresh from paged_attention_transformation: gate and up fused (`fuse`),
     the low-bit MatMuls on the kernel, and the block offsets of what it does not take split as
     the plugin's graph has them. With `planes`, an input PLANES (i32 scalar, 1 or 2) sets how
@@ -55,7 +56,7 @@ def kernel_graph(model: ov.Model, core: ov.Core, fuse: bool, planes: bool = Fals
         scalar = ops.parameter([], ov.Type.i32, name=PLANES)
         scalar.output(0).set_names({PLANES})
         model.add_parameters([scalar])
-    count = use_kernel(model, core, None if scalar is None else scalar.output(0))
+    count = use_kernel(model, core, None if scalar is None else scalar.output(0), prefetch)
     if scalar is not None and not count:
         model.remove_parameter(scalar)
     split_block_offsets(model)

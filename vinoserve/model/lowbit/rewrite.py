@@ -11,7 +11,6 @@ import openvino.opset13 as ops
 from openvino.utils.node_factory import NodeFactory
 
 from vinoserve.memory import release_freed_heap
-from vinoserve.model import cpu_defaults
 from vinoserve.model.lowbit import pack
 
 OP = "LowBitMatMul"
@@ -21,7 +20,8 @@ K_BLOCK = 256  # weights a K-quant's f16 factor covers
 _CENTRES = (8, 16)  # weights.py's centring of Q4_K's and Q5_K's values (quantized._centred)
 
 
-def replace_matmuls(model: ov.Model, factory: NodeFactory, planes: ov.Output | None = None) -> int:
+def replace_matmuls(model: ov.Model, factory: NodeFactory, planes: ov.Output | None = None,
+                    prefetch: int = 1024) -> int:
     """In place. Returns how many MatMuls now run on the kernel. Each quantizes x in one int8
     plane, or (`planes` given) in as many as that scalar says, a step at a time; then the logits'
     MatMul always takes two: its errors are the logits' (lowbit_matmul.cpp)."""
@@ -35,7 +35,7 @@ def replace_matmuls(model: ov.Model, factory: NodeFactory, planes: ov.Output | N
         split = _column_split(node)
         lowbit = _lowbit_node(factory, node.input_value(0), *found,
                               None if planes is None else 2 if _gives_logits(node) else planes,
-                              [] if split is None else split[1])
+                              [] if split is None else split[1], prefetch)
         lowbit.set_friendly_name(node.get_friendly_name())
         for i, output in enumerate([node.output(0)] if split is None else split[0].outputs()):
             output.replace(lowbit.output(i))
@@ -150,9 +150,9 @@ def _factored(scale: ov.Node, offset: ov.Node | None, rows: int, groups: int,
 
 
 def _lowbit_node(factory: NodeFactory, x: ov.Output, q: ov.Node, scale: ov.Node, offset: ov.Node | None,
-                 planes: ov.Output | int | None, parts: list[int]) -> ov.Node:
+                 planes: ov.Output | int | None, parts: list[int], prefetch: int) -> ov.Node:
     """`planes`: a fixed count, or the scalar input that gives it (None: one); `parts`: the
-    outputs' widths (empty: one output)."""
+    outputs' widths (empty: one output); `prefetch`: the CPU class's distance (cpu_defaults.py)."""
     rows, groups, group = (int(d) for d in q.get_output_shape(0))
     k = groups * group
     bits = q.get_element_type().bitwidth
@@ -168,6 +168,5 @@ def _lowbit_node(factory: NodeFactory, x: ov.Output, q: ov.Node, scale: ov.Node,
     if isinstance(planes, ov.Output):
         inputs.append(planes)
     count = 0 if isinstance(planes, ov.Output) else planes or 1
-    prefetch = cpu_defaults.DEFAULTS[cpu_defaults.this_cpu()].lowbit_prefetch
     return factory.create(OP, inputs, {"n": rows, "k": k, "bits": bits, "group": group, "bias": bias,
                                        "planes": count, "prefetch": prefetch, "parts": parts, **layout})
