@@ -57,7 +57,8 @@ def _weights(compiled: ov.CompiledModel) -> dict[str, tuple[str, str]]:
     found = {}
     for node in compiled.get_runtime_model().get_ordered_ops():
         info = {k: v.astype(str) for k, v in node.get_rt_info().items()}
-        if info.get("layerType") == "Reference" and node.get_input_size() >= 3:  # vinoserve's kernel (model/lowbit)
+        if info.get("layerType") == "Reference" and node.get_input_size() >= 3 \
+                and node.input_value(0).get_element_type() == ov.Type.f32:  # vinoserve's kernel (model/lowbit), not its gather
             k = node.input_value(0).get_partial_shape()[-1]  # n: over its outputs (a fused product's parts)
             n = sum(node.get_output_partial_shape(i)[-1].get_length() for i in range(node.get_output_size()))
             size = sum(int(np.prod(list(node.input_value(i).get_partial_shape().to_shape())))

@@ -239,7 +239,7 @@ def test_the_decode_model_runs_its_low_bit_matmuls_on_the_kernel(kernel, q4_k):
         return [n.get_rt_info()["layerType"].astype(str) for n in compiled.get_runtime_model().get_ordered_ops()]
 
     decode, main = layer_types(model.decode), layer_types(model.compiled)
-    assert decode.count("Reference") == 2 * 6 + 1  # the extension's nodes (the plugin has no kernel of its own for them)
+    assert decode.count("Reference") == 2 * 6 + 1 + 1  # the extension's nodes, the token table's gather among them
     assert not any(t.startswith("FullyConnected") for t in decode)  # no weight left to the plugin's matmuls
     assert "Reference" not in main and any(t.startswith("FullyConnected") for t in main)
 
@@ -312,7 +312,9 @@ def test_on_avx512_bf16_one_f32_compilation_runs_every_low_bit_matmul_on_the_ker
     assert model.main_kernel.matmuls == 2 * 6 + 1 and "13 matmuls on vinoserve's low-bit kernel" in model.describe()
     assert model.layout.key_type == ov.Type.f16
     types = [n.get_rt_info()["layerType"].astype(str) for n in model.compiled.get_runtime_model().get_ordered_ops()]
-    assert types.count("Reference") == 2 * 6 + 1 and not any(t.startswith("FullyConnected") for t in types)
+    assert types.count("Reference") == 2 * 6 + 1 + 1 and not any(t.startswith("FullyConnected") for t in types)
+    assert "GatherCompressed" not in types  # the Q4_K token table's rows: the library's gather (test_lowbit_gather.py)
+    assert [n.get_type_name() for n in graph.get_ordered_ops()].count("LowBitGather") == 1
     planes = collections.Counter(n.get_attributes()["planes"] for n in graph.get_ordered_ops()
                                  if n.get_type_name() == lowbit.OP)
     assert planes == {0: 2 * 6, 2: 1}  # each step's count from the lowbit_planes input; the LM head: always two

@@ -51,4 +51,5 @@ def test_wheel_carries_the_chat_page_and_the_kernel_source(tmp_path):
         page = zf.read("vinoserve/server/static/chat.html").decode()
         assert b"OPENVINO_CREATE_EXTENSIONS" in zf.read("vinoserve/model/lowbit/lowbit_matmul.cpp")
         assert b"pair_kernel" in zf.read("vinoserve/model/lowbit/lowbit_kernels.hpp")  # the source includes it
+        assert b"LowBitGather" in zf.read("vinoserve/model/lowbit/lowbit_gather.hpp")  # and this
     assert "v1/chat/completions" in page and "http://" not in page and "https://" not in page  # nothing remote

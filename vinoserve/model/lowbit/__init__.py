@@ -21,7 +21,7 @@ from openvino.utils.node_factory import NodeFactory
 from vinoserve.model import fuse_projections as projections
 from vinoserve.model.block_offsets import split_block_offsets
 from vinoserve.model.lowbit.build import Unavailable, library
-from vinoserve.model.lowbit.rewrite import OP, replace_matmuls
+from vinoserve.model.lowbit.rewrite import OP, replace_gathers, replace_matmuls
 
 __all__ = ["OP", "PLANES", "Unavailable", "kernel_graph", "use_kernel"]
 
@@ -34,13 +34,16 @@ PLANES = "lowbit_planes"
 def use_kernel(model: ov.Model, core: ov.Core, planes: ov.Output | None = None, prefetch: int = 1024) -> int:
     """In place: the model's low-bit MatMuls on the kernel, registered with `core`; x in one int8
     plane, or in as many as the scalar `planes` says and the logits' in two; weights prefetched
-    `prefetch` bytes ahead. Returns how many; raises Unavailable (the model untouched) where it
+    `prefetch` bytes ahead. Its low-bit token table's rows read by the library's gather. Returns
+    how many MatMuls; raises Unavailable (the model untouched) where it
     cannot be built or run here."""
     path = str(library())
     core.add_extension(path)  # again on the same core is harmless
     factory = NodeFactory()
     factory.add_extension(path)
-    return replace_matmuls(model, factory, planes, prefetch)
+    count = replace_matmuls(model, factory, planes, prefetch)
+    replace_gathers(model, factory)
+    return count
 
 
 def kernel_graph(model: ov.Model, core: ov.Core, fuse: bool, planes: bool = False, prefetch: int = 1024) -> int:

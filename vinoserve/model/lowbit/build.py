@@ -23,10 +23,13 @@ from vinoserve.model.cpu_defaults import cpu_flags
 from vinoserve.model.storage import cache_root
 
 SOURCE = Path(__file__).with_name("lowbit_matmul.cpp")
-HEADERS = [SOURCE.with_name("lowbit_kernels.hpp")]  # included by SOURCE: part of what a build is keyed on
+HEADERS = [SOURCE.with_name(h) for h in ("lowbit_kernels.hpp", "lowbit_gather.hpp")]  # included by SOURCE: part of what a build is keyed on
 # AVX-512 with VNNI (vpdpbusd) and the f16 conversions: Ice Lake and later Xeons, Zen 4 and later.
 NEEDED_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"})
 _ISA = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"]
+# No contraction of a * b + c into one fma where the source does not ask for one: the gather's
+# q * scale + offset rounds twice, as the graph's Multiply and Add (and numpy) do.
+_FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", *_ISA]
 
 
 class Unavailable(RuntimeError):
@@ -53,7 +56,7 @@ def _compiler() -> str:
 def built_path() -> Path:
     """Where the library for this source and this OpenVINO is (or will be) built."""
     texts = [p.read_text() for p in (SOURCE, *HEADERS)]
-    key = hashlib.sha256("\0".join([*texts, ov.__version__, *_ISA]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([*texts, ov.__version__, *_FLAGS]).encode()).hexdigest()[:16]
     return cache_root() / "lowbit" / key / "liblowbit_matmul.so"
 
 
@@ -74,7 +77,7 @@ def compile_library() -> Path:
         return target
     include, libs, core, tbb = _ov_dirs()
     cxx = _compiler()
-    cmd = [cxx, "-O3", "-std=c++17", "-shared", "-fPIC", *_ISA, str(SOURCE), f"-I{include}", f"-L{libs}",
+    cmd = [cxx, *_FLAGS, "-shared", "-fPIC", str(SOURCE), f"-I{include}", f"-L{libs}",
            f"-l:{core}", f"-l:{tbb}", f"-Wl,-rpath,{libs}", "-o"]
     try:
         target.parent.mkdir(parents=True, exist_ok=True)

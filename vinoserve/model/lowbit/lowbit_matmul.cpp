@@ -20,6 +20,7 @@
 #include <openvino/core/op_extension.hpp>
 #include <openvino/op/op.hpp>
 
+#include "lowbit_gather.hpp"
 #include "lowbit_kernels.hpp"
 
 namespace vinoserve {
@@ -132,4 +133,5 @@ private:
 
 }  // namespace vinoserve
 
-OPENVINO_CREATE_EXTENSIONS(std::vector<ov::Extension::Ptr>({std::make_shared<ov::OpExtension<vinoserve::LowBitMatMul>>()}));
+OPENVINO_CREATE_EXTENSIONS(std::vector<ov::Extension::Ptr>({std::make_shared<ov::OpExtension<vinoserve::LowBitMatMul>>(),
+                                                            std::make_shared<ov::OpExtension<vinoserve::LowBitGather>>()}));
