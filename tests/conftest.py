@@ -51,3 +51,14 @@ def ir_export(tmp_path_factory):
         return made[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def kernel() -> str:
+    """vinoserve's low-bit kernel library (model/lowbit), built; skips where this CPU cannot run it."""
+    from vinoserve.model import lowbit
+    from vinoserve.model.lowbit import build
+    try:
+        return str(build.library())
+    except lowbit.Unavailable as e:
+        pytest.skip(f"the kernel cannot run here: {e}")

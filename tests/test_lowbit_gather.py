@@ -14,19 +14,10 @@ import pytest
 from vinoserve.model import lowbit, quantized
 from vinoserve.model.gguf_file import GGUFTensor
 from vinoserve.model.gguf_loader import GGUFModel
-from vinoserve.model.lowbit import build
 from vinoserve.model.weights import Weights
 
 T = gguf.GGMLQuantizationType
 F32 = {"INFERENCE_PRECISION_HINT": "f32"}
-
-
-@pytest.fixture(scope="module")
-def kernel() -> str:
-    try:
-        return str(build.library())
-    except lowbit.Unavailable as e:
-        pytest.skip(f"the kernel cannot run here: {e}")
 
 
 def _gather_model(table: GGUFTensor, id_type: ov.Type) -> ov.Model:

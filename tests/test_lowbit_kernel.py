@@ -26,14 +26,6 @@ from vinoserve.model.compile_options import CompileOptions
 from vinoserve.scheduler.sampling_params import SamplingParams
 
 
-@pytest.fixture(scope="module")
-def kernel() -> str:
-    try:
-        return str(build.library())
-    except lowbit.Unavailable as e:
-        pytest.skip(f"the kernel cannot run here: {e}")
-
-
 def _matmul(rows: int, k: int, group: int, element: ov.Type, scale_type, offset_type, rng, bits: int | None = None):
     """MatMul(x, weight) with the weight chain weights.py writes, its integers of `bits` bits
     (default: the element type's, Q6_K's 6 in int8); the weight's integers times their scales,
