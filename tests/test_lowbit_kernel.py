@@ -300,8 +300,9 @@ def test_on_avx512_bf16_one_f32_compilation_runs_every_low_bit_matmul_on_the_ker
     _as_avx512_bf16(monkeypatch)
     graph = build_model(q4_k.config, q4_k.tensor, "auto")
     model = compile_paged(graph, CompileOptions())
-    assert model.options.lowbit_main and model.decode is None and model.inference_precision == "f32"
+    assert model.options.lowbit_main and model.decode_graph is None and model.inference_precision == "f32"
     assert model.main_kernel.matmuls == 2 * 6 + 1 and "13 matmuls on vinoserve's low-bit kernel" in model.describe()
+    assert model.decode_tokens == 1  # the one-token clone of this compilation, not a decode model (test_one_token.py)
     assert model.layout.key_type == ov.Type.f16
     types = [n.get_rt_info()["layerType"].astype(str) for n in model.compiled.get_runtime_model().get_ordered_ops()]
     assert types.count("Reference") == 2 * 6 + 1 + 1 and not any(t.startswith("FullyConnected") for t in types)

@@ -23,6 +23,14 @@ def available_memory_bytes(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = 
     return host if room is None else max(0, min(host, room))
 
 
+def resident_bytes() -> int:
+    """This process' resident memory (VmRSS); 0 where /proc cannot tell."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def release_freed_heap() -> None:
     """Give memory freed after a load back to the OS. glibc raises its mmap threshold to the
     largest block freed (up to 32 MB), so after one large temporary the next ones land on the heap

@@ -10,7 +10,7 @@ import numpy as np
 import openvino as ov
 
 from vinoserve.cache.kv_cache import KVCache
-from vinoserve.model import decode_model, lowbit
+from vinoserve.model import lowbit
 from vinoserve.model.paged import SAMPLED_INDICES, PagedModel
 
 
@@ -102,12 +102,13 @@ class ModelRunner:
         several (default: one table per layer, as eviction keeps them)."""
         self.model = model
         self.cache = cache
-        # Per turn, a request of the main model and one of the decode model (model/decode_model.py),
-        # both over the same cache: a step goes to one of them by its token count.
+        # Per turn, a request of the main model and one of the second compilation (the decode model,
+        # model/decode_model.py, or the kernel's one-token clone, model/one_token.py), both over the
+        # same cache: a step goes to one of them by its token count.
         self._inputs = [self._bind(model.compiled, cache) for _ in range(num_requests)]
         self._decode_inputs = [self._bind(model.decode, cache) for _ in range(num_requests)] if model.decode else None
-        # Steps of at most this many tokens run on the decode model (None: there is none).
-        self.fast_step_tokens = decode_model.MAX_TOKENS if model.decode else None
+        # Steps of at most this many tokens run on the second compilation (None: there is none).
+        self.fast_step_tokens = model.decode_tokens if model.decode else None
         self._turn = 0
         self._num_layers = model.facts.num_layers
         self._has_scores = model.options.score_outputs

@@ -26,6 +26,9 @@ class CompileOptions:
     lowbit_main: bool = False
     # resolved (cpu_defaults.py): how far ahead (bytes) the kernel prefetches its weights
     lowbit_prefetch: int = 1024
+    # with the kernel's one compilation, a static-shaped clone of it for one-token steps
+    # (one_token.py); False: none
+    one_token: bool = True
     # int8 activations per this many inputs in matmuls with low-bit weights (0: off); None: per
     # CPU class (cpu_defaults.py)
     dynamic_quantization_group_size: int | None = None

@@ -12,10 +12,11 @@ import openvino as ov
 import openvino.opset13 as ops
 from openvino._offline_transformations import paged_attention_transformation
 
-from vinoserve.model import cpu_defaults, decode_model, lowbit
+from vinoserve.model import cpu_defaults, decode_model, lowbit, one_token
 from vinoserve.model import fuse_projections as projections
 from vinoserve.model.block_offsets import split_block_offsets
 from vinoserve.model.compile_options import CompileOptions
+from vinoserve.memory import resident_bytes
 from vinoserve.model.errors import ModelLoadError, last_line
 from vinoserve.model.graph_facts import (MAX_CONTEXT_LEN_INPUT, SLIDING_WINDOW_INPUT, GraphFacts, layer_index,
                                          lm_head, read_graph_facts)
@@ -44,10 +45,13 @@ class MainKernel:
 
     matmuls: int = 0
     unavailable: str = ""  # why none are, where the CPU class wanted them
+    one_token_bytes: int | None = None  # what its one-token clone (one_token.py) added resident; None: none
 
     def describe(self) -> str:
         if self.matmuls:
-            return (f"one f32 compilation, {self.matmuls} matmuls on vinoserve's low-bit kernel "
+            clone = "" if self.one_token_bytes is None else \
+                f" and its one-token clone with static shapes (+{self.one_token_bytes / 2**20:.0f} MiB resident)"
+            return (f"one f32 compilation{clone}, {self.matmuls} matmuls on vinoserve's low-bit kernel "
                     f"(--lowbit-kernel off: the plugin's)")
         return f"the plugin's matmuls ({self.unavailable})" if self.unavailable else ""
 
@@ -58,9 +62,12 @@ class PagedModel:
     compiled: ov.CompiledModel
     options: CompileOptions
     layout: CacheLayout
-    decode: ov.CompiledModel | None = None  # for steps of at most decode_model.MAX_TOKENS tokens
-    decode_graph: decode_model.DecodeGraph | None = None  # its weights' size, its kernel
+    # for steps of at most decode_tokens tokens: the decode model, or the kernel compilation's
+    # one-token clone
+    decode: ov.CompiledModel | None = None
+    decode_graph: decode_model.DecodeGraph | None = None  # the decode model's weights' size, its kernel
     main_kernel: MainKernel = MainKernel()
+    decode_tokens: int = decode_model.MAX_TOKENS
 
     def describe(self) -> str:
         """What was compiled beyond the plain graph, for the startup log ("" for nothing)."""
@@ -137,14 +144,18 @@ def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None
             projections.fuse_projections(model)
     compiled = _compile(core, model, options.device, options.properties())
     layout = _cache_layout(compiled)
-    decode, decode_graph = None, None
+    decode, decode_graph, decode_tokens = None, None, decode_model.MAX_TOKENS
     if options.decode_model:
         graph, decode_graph = decode_model.graph(model, raw, options, core)
         decode = _compile(core, graph, options.device, decode_model.properties(options.properties()))
-        if _cache_layout(decode) != layout:
-            raise ModelLoadError(f"the decode model's KV cache layout differs from the main one's: "
-                                 f"{_cache_layout(decode)} vs {layout}")
-    return PagedModel(facts, compiled, options, layout, decode, decode_graph, kernel)
+    elif kernel.matmuls and options.one_token:
+        before = resident_bytes()
+        decode, decode_tokens = _compile(core, one_token.graph(model), options.device, options.properties()), one_token.TOKENS
+        kernel = replace(kernel, one_token_bytes=max(0, resident_bytes() - before))
+    if decode is not None and _cache_layout(decode) != layout:
+        raise ModelLoadError(f"the second compilation's KV cache layout differs from the main one's: "
+                             f"{_cache_layout(decode)} vs {layout}")
+    return PagedModel(facts, compiled, options, layout, decode, decode_graph, kernel, decode_tokens)
 
 
 def _resolve(options: CompileOptions, core: ov.Core, model: ov.Model) -> tuple[CompileOptions, MainKernel]:

@@ -1,0 +1,43 @@
+"""A static-shaped clone of the kernel's one compilation, for steps that compute one token (one
+sequence decoding without proposals: single-stream decode).
+
+In a graph whose token count is dynamic the CPU plugin runs each extension op (the kernel's
+LowBitMatMul and LowBitGather, model/lowbit) through its fallback shape inference on every call:
+it cannot tell what the op's output shape depends on, so it treats every input as data, and
+each call clones the node, validates the clone and redefines the output's memory. A [16 x 1,536]
+Q4_0 product took ~7 us a call so, ~1 with static shapes (Zen 5), and a 1.5B step makes 113-142
+such calls. With the token count fixed at one, every node but PagedAttention (whose block tables
+still vary) has static shapes. Measured on a 2-core Zen 5 (lab notes, 2026-11-28), 1.5B Q4_0:
+decode 1.05-1.09x (paired, one process, the same tokens); the clone shares the main compilation's
+constants, so it costs ~36 MiB resident and half a second of compiling, both in the startup log.
+
+Only one token: a clone per token count would pay that for each, and steps of several sequences
+or of proposals are fewer and longer.
+"""
+from __future__ import annotations
+
+import numpy as np
+import openvino as ov
+import openvino.opset13 as ops
+
+from vinoserve.model import lowbit
+
+TOKENS = 1
+# the inputs with a row per token this step (graph_facts; paged.SAMPLED_INDICES: one row sampled)
+_PER_TOKEN = ("input_ids", "position_ids", "sampled_token_indices")
+# ModelRunner.planes: a step of one sequence quantizes x in two int8 planes
+_PLANES = 2
+
+
+def graph(model: ov.Model) -> ov.Model:
+    """A clone of the kernel's compilation graph (after lowbit.kernel_graph) for steps of one token:
+    its per-token inputs one row long, its planes input a constant."""
+    clone = model.clone()
+    planes = next((p for p in clone.get_parameters() if lowbit.PLANES in p.output(0).get_names()), None)
+    if planes is not None:
+        for target in list(planes.output(0).get_target_inputs()):
+            target.replace_source_output(ops.constant(np.int32(_PLANES)).output(0))
+        clone.remove_parameter(planes)
+    names = {name for i in clone.inputs for name in i.get_names()}
+    clone.reshape({name: ov.PartialShape([TOKENS]) for name in _PER_TOKEN if name in names})
+    return clone
