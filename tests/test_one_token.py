@@ -8,7 +8,7 @@ import pytest
 
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.engine.model_runner import ModelRunner
-from vinoserve.model import cpu_defaults, lowbit
+from vinoserve.model import cpu_defaults, lowbit, one_token
 from vinoserve.model.compile_options import CompileOptions
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.engine.speculative import SpeculativeConfig
@@ -76,3 +76,13 @@ def test_speculation_proposes_past_the_clone(avx512_bf16):
     spoken = _generate(engine, [prompt], max_tokens=40)
     assert engine.speculator.stats.num_draft_tokens > 0
     assert spoken["0"][0] == _generate(_engine(True), [prompt], max_tokens=40)["0"][0]
+
+
+def test_a_graph_that_refuses_static_shapes_loads_without_the_clone(avx512_bf16, monkeypatch):
+    def refuse(model):
+        raise RuntimeError("Check 'x' failed: the shapes do not fit")
+    monkeypatch.setattr(one_token, "graph", refuse)
+    engine = _engine(True)
+    assert engine.model.paged.decode is None and engine.runner.fast_step_tokens is None
+    assert "(no one-token clone: Check 'x' failed: the shapes do not fit)" in engine.model.paged.describe()
+    assert len(_generate(engine, [list(range(40, 60))], max_tokens=4)["0"][0]) == 4

@@ -46,13 +46,15 @@ class MainKernel:
     matmuls: int = 0
     unavailable: str = ""  # why none are, where the CPU class wanted them
     one_token_bytes: int | None = None  # what its one-token clone (one_token.py) added resident; None: none
+    one_token_error: str = ""  # why there is none, where it could not be built
 
     def describe(self) -> str:
         if self.matmuls:
             clone = "" if self.one_token_bytes is None else \
                 f" and its one-token clone with static shapes (+{self.one_token_bytes / 2**20:.0f} MiB resident)"
+            missing = f" (no one-token clone: {self.one_token_error})" if self.one_token_error else ""
             return (f"one f32 compilation{clone}, {self.matmuls} matmuls on vinoserve's low-bit kernel "
-                    f"(--lowbit-kernel off: the plugin's)")
+                    f"(--lowbit-kernel off: the plugin's){missing}")
         return f"the plugin's matmuls ({self.unavailable})" if self.unavailable else ""
 
 
@@ -149,9 +151,7 @@ def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None
         graph, decode_graph = decode_model.graph(model, raw, options, core)
         decode = _compile(core, graph, options.device, decode_model.properties(options.properties()))
     elif kernel.matmuls and options.one_token:
-        before = resident_bytes()
-        decode, decode_tokens = _compile(core, one_token.graph(model), options.device, options.properties()), one_token.TOKENS
-        kernel = replace(kernel, one_token_bytes=max(0, resident_bytes() - before))
+        (decode, kernel), decode_tokens = _one_token_clone(core, model, options, kernel), one_token.TOKENS
     if decode is not None and _cache_layout(decode) != layout:
         raise ModelLoadError(f"the second compilation's KV cache layout differs from the main one's: "
                              f"{_cache_layout(decode)} vs {layout}")
@@ -171,6 +171,18 @@ def _resolve(options: CompileOptions, core: ov.Core, model: ov.Model) -> tuple[C
             raise ModelLoadError(f"the low-bit kernel was asked for: {e}") from e
         return cpu_defaults.resolve(replace(options, lowbit_kernel=False), core, model), MainKernel(0, str(e))
     return resolved, MainKernel()
+
+
+def _one_token_clone(core: ov.Core, model: ov.Model, options: CompileOptions,
+                     kernel: MainKernel) -> tuple[ov.CompiledModel | None, MainKernel]:
+    """The kernel compilation's one-token clone, and what it added resident; where a graph does
+    not take the static shapes, none (a speed-up, not a reason to refuse the model), and why."""
+    before = resident_bytes()
+    try:
+        clone = _compile(core, one_token.graph(model), options.device, options.properties())
+    except (RuntimeError, ModelLoadError) as e:
+        return None, replace(kernel, one_token_error=last_line(e))
+    return clone, replace(kernel, one_token_bytes=max(0, resident_bytes() - before))
 
 
 def _compile(core: ov.Core, model: ov.Model, device: str, properties: dict[str, str]) -> ov.CompiledModel:
