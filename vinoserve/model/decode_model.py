@@ -120,7 +120,10 @@ def graph(prepared: ov.Model, raw: ov.Model | None, options: CompileOptions,
     if raw is None:
         return prepared, DecodeGraph(packed_copy_bytes(prepared))
     try:
-        count = lowbit.kernel_graph(raw, core, bool(options.fuse_projections), prefetch=options.lowbit_prefetch)
+        # The token table stays the plugin's: the main compilation reads it too, and the library's
+        # gather would hold a copy (AMX, where this runs, has not been measured with it).
+        count = lowbit.kernel_graph(raw, core, bool(options.fuse_projections), prefetch=options.lowbit_prefetch,
+                                    gathers=False)
     except lowbit.Unavailable as e:
         if options.lowbit_kernel:
             raise ModelLoadError(f"the low-bit kernel was asked for: {e}") from e

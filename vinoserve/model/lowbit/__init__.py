@@ -31,22 +31,25 @@ __all__ = ["OP", "PLANES", "Unavailable", "kernel_graph", "use_kernel"]
 PLANES = "lowbit_planes"
 
 
-def use_kernel(model: ov.Model, core: ov.Core, planes: ov.Output | None = None, prefetch: int = 1024) -> int:
+def use_kernel(model: ov.Model, core: ov.Core, planes: ov.Output | None = None, prefetch: int = 1024,
+               gathers: bool = True) -> int:
     """In place: the model's low-bit MatMuls on the kernel, registered with `core`; x in one int8
     plane, or in as many as the scalar `planes` says and the logits' in two; weights prefetched
-    `prefetch` bytes ahead. Its low-bit token table's rows read by the library's gather. Returns
-    how many MatMuls; raises Unavailable (the model untouched) where it
+    `prefetch` bytes ahead; with `gathers`, its low-bit token table's rows read by the library's
+    gather (rewrite.replace_gathers). Returns how many MatMuls; raises Unavailable (the model untouched) where it
     cannot be built or run here."""
     path = str(library())
     core.add_extension(path)  # again on the same core is harmless
     factory = NodeFactory()
     factory.add_extension(path)
     count = replace_matmuls(model, factory, planes, prefetch)
-    replace_gathers(model, factory)
+    if gathers:
+        replace_gathers(model, factory)
     return count
 
 
-def kernel_graph(model: ov.Model, core: ov.Core, fuse: bool, planes: bool = False, prefetch: int = 1024) -> int:
+def kernel_graph(model: ov.Model, core: ov.Core, fuse: bool, planes: bool = False, prefetch: int = 1024,
+                 gathers: bool = True) -> int:
     """In place, a graph fresh from paged_attention_transformation: gate and up fused (`fuse`),
     the low-bit MatMuls on the kernel, and the block offsets of what it does not take split as
     the plugin's graph has them. With `planes`, an input PLANES (i32 scalar, 1 or 2) sets how
@@ -59,7 +62,7 @@ def kernel_graph(model: ov.Model, core: ov.Core, fuse: bool, planes: bool = Fals
         scalar = ops.parameter([], ov.Type.i32, name=PLANES)
         scalar.output(0).set_names({PLANES})
         model.add_parameters([scalar])
-    count = use_kernel(model, core, None if scalar is None else scalar.output(0), prefetch)
+    count = use_kernel(model, core, None if scalar is None else scalar.output(0), prefetch, gathers)
     if scalar is not None and not count:
         model.remove_parameter(scalar)
     split_block_offsets(model)

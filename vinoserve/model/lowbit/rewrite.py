@@ -2,8 +2,9 @@
 chain (Convert(integers) -> Multiply(scale) [-> Add(offset)] -> Reshape -> Convert, as weights.py
 writes it) becomes a LowBitMatMul reading the same integers, scales and offsets, repacked into
 the kernel's tiles; it runs before block_offsets, whose correction products the kernel makes
-unnecessary. A token table's Gather from such a chain becomes a LowBitGather reading the constants
-in place. Anything else (f16 weights, int8 with zero points) stays the plugin's."""
+unnecessary. A token table's Gather from such a chain becomes a LowBitGather reading the same
+integers and scales (copied as bytes). Anything else (f16 weights, int8 with zero points) stays
+the plugin's."""
 from __future__ import annotations
 
 import numpy as np
