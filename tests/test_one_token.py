@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from vinoserve.cache.eviction import CacheEvictionConfig
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.engine.model_runner import ModelRunner
 from vinoserve.model import cpu_defaults, lowbit, one_token
@@ -22,9 +23,10 @@ def avx512_bf16(kernel, monkeypatch) -> None:
     monkeypatch.setattr(cpu_defaults, "this_cpu", lambda: cpu_defaults.CpuClass.AVX512_BF16)
 
 
-def _engine(one_token: bool, speculative: SpeculativeConfig | None = None) -> LLMEngine:
-    return LLMEngine(EngineConfig(model=MODEL, speculative=speculative, compile=CompileOptions(one_token=one_token)),
-                     log=lambda m: None)
+def _engine(one_token: bool, speculative: SpeculativeConfig | None = None,
+            eviction: CacheEvictionConfig | None = None) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=MODEL, speculative=speculative, compile=CompileOptions(one_token=one_token),
+                                  cache_eviction=eviction, num_kv_blocks=32 if eviction else None), log=lambda m: None)
 
 
 def _generate(engine: LLMEngine, prompts: list[list[int]], max_tokens: int = 24) -> dict[str, tuple[list[int], list[float]]]:
@@ -86,3 +88,16 @@ def test_a_graph_that_refuses_static_shapes_loads_without_the_clone(avx512_bf16,
     assert engine.model.paged.decode is None and engine.runner.fast_step_tokens is None
     assert "(no one-token clone: Check 'x' failed: the shapes do not fit)" in engine.model.paged.describe()
     assert len(_generate(engine, [list(range(40, 60))], max_tokens=4)["0"][0]) == 4
+
+
+def test_with_cache_eviction_the_clone_scores_and_rotates_as_the_main_compilation(avx512_bf16):
+    """Eviction reads each step's attention scores and rotates kept keys: the clone has the same
+    inputs and outputs, so a sequence that evicts as it decodes gets the same tokens."""
+    eviction = CacheEvictionConfig(start_size=32, recent_size=32, max_cache_size=64)
+    engine = _engine(True, eviction=eviction)
+    assert engine.runner.fast_step_tokens == 1 and engine.model.paged.options.score_outputs
+    prompt = [list(range(20, 170))]
+    spoken = _generate(engine, prompt, max_tokens=60)
+    assert engine.evictor.num_evicted_blocks > 0
+    assert spoken == _generate(_engine(False, eviction=eviction), prompt, max_tokens=60)
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks  # every block back
