@@ -9,10 +9,10 @@ import pytest
 from vinoserve.cache.eviction import CacheEvictionConfig
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.engine.model_runner import ModelRunner
+from vinoserve.engine.speculative import SpeculativeConfig
 from vinoserve.model import cpu_defaults, lowbit, one_token
 from vinoserve.model.compile_options import CompileOptions
 from vinoserve.scheduler.sampling_params import SamplingParams
-from vinoserve.engine.speculative import SpeculativeConfig
 
 MODEL = str(Path(__file__).parent / "data" / "llamacpp-tiny-llama-Q4_K_M.gguf")
 
