@@ -66,7 +66,7 @@ def test_each_class_gets_its_measured_defaults(q4_0):
         assert (plain.decode_model, plain.kv_cache_precision, plain.dynamic_quantization_group_size) == (False, None, None)
         assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in plain.properties()
     assert all(o.fuse_projections for o in (amx, zen, zen4))
-    assert (amx.lowbit_prefetch, zen.lowbit_prefetch) == (1024, 2048)  # the kernel's, by class
+    assert (amx.lowbit_prefetch, zen.lowbit_prefetch) == (1024, 4096)  # the kernel's, by class
 
 
 def test_without_low_bit_weights_the_kernel_has_nothing_to_take(f16):

@@ -311,7 +311,7 @@ def test_on_avx512_bf16_one_f32_compilation_runs_every_low_bit_matmul_on_the_ker
     planes = collections.Counter(n.get_attributes()["planes"] for n in graph.get_ordered_ops()
                                  if n.get_type_name() == lowbit.OP)
     assert planes == {0: 2 * 6, 2: 1}  # each step's count from the lowbit_planes input; the LM head: always two
-    assert {n.get_attributes()["prefetch"] for n in graph.get_ordered_ops() if n.get_type_name() == lowbit.OP} == {2048}
+    assert {n.get_attributes()["prefetch"] for n in graph.get_ordered_ops() if n.get_type_name() == lowbit.OP} == {4096}
     assert lowbit.PLANES in model.input_names
 
 
