@@ -108,7 +108,7 @@ class ModelRunner:
         self._inputs = [self._bind(model.compiled, cache) for _ in range(num_requests)]
         self._decode_inputs = [self._bind(model.decode, cache) for _ in range(num_requests)] if model.decode else None
         # Steps of at most this many tokens run on the second compilation (None: there is none).
-        self.fast_step_tokens = model.decode_tokens if model.decode else None
+        self.fast_step_tokens = model.decode_tokens
         self._turn = 0
         self._num_layers = model.facts.num_layers
         self._has_scores = model.options.score_outputs

@@ -41,7 +41,7 @@ def split_block_offsets(model: ov.Model) -> int:
             parts = _offset_chain(node.input_value(1))
             if parts:
                 by_input[node.input_value(0)].append((node, *parts))
-        elif kind == "Gather" and _is_axis0(node):
+        elif kind == "Gather" and is_axis0(node):
             parts = _offset_chain(node.input_value(0))
             if parts:
                 _split_gather(node, *parts)
@@ -54,7 +54,8 @@ def split_block_offsets(model: ov.Model) -> int:
     return count
 
 
-def _is_axis0(gather: ov.Node) -> bool:
+def is_axis0(gather: ov.Node) -> bool:
+    """Whether a Gather takes rows (axis 0, a constant): a token table's."""
     axis = gather.input_value(2).get_node()
     return axis.get_type_name() == "Constant" and int(np.asarray(axis.get_data()).reshape(-1)[0]) == 0
 

@@ -88,11 +88,12 @@ DEFAULTS: dict[CpuClass, ClassDefaults] = {
     # bf16 without int8 activations 1.008x, with the plugin's 1.029x: issue 36, Zen 4). One plane
     # for prompts too read them at 3.7x; two planes 3.1x since 11-28 (registers kept, no spills).
     # The kernel's prefetch 2 KiB ahead: 1.5B Q4_0 decode 1.044x 1 KiB's (one process, 8
-    # alternating rounds, each faster; 4 KiB 1.042x), 2026-11-28; with the one-token clone 4 KiB:
-    # 8B Q4_0 1.044x 2 KiB's, 8B Q4_K_M 1.051x and 1.018x, 1.5B Q4_0 1.030x and 0.996x, Q4_K_M
-    # 1.004x (prompt 0.998x the time), paired rounds in one process (later the same day). With the kernel in the main
-    # compilation, one-token steps run on its static-shaped clone (one_token.py, CompileOptions.one_token):
-    # 1.5B Q4_0 / Q4_K_M decode 1.100x / 1.077x, +36 MiB, the same arithmetic (2026-11-28).
+    # alternating rounds, each faster; 4 KiB 1.042x), 2026-11-28; with the one-token clone, 4 KiB
+    # against 2: 8B Q4_0 1.044x, 8B Q4_K_M 1.051x and 1.018x, 1.5B Q4_0 1.030x and 0.996x, Q4_K_M
+    # 1.004x (its prompt step 0.998x the time), paired rounds in one process. With the kernel in
+    # the main compilation, one-token steps run on its static-shaped clone (one_token.py,
+    # CompileOptions.one_token): 1.5B Q4_0 / Q4_K_M decode 1.100x / 1.077x, +36-44 MiB, the same
+    # arithmetic (2026-11-28).
     # Zen 4 (AVX-512 at half width) is not measured on this code.
     CpuClass.AVX512_BF16: ClassDefaults(decode_model=False, kv_cache_precision="bf16",
                                         dynamic_quantization_group_size=0, lowbit_main=True,

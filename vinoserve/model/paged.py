@@ -12,11 +12,11 @@ import openvino as ov
 import openvino.opset13 as ops
 from openvino._offline_transformations import paged_attention_transformation
 
+from vinoserve.memory import resident_bytes
 from vinoserve.model import cpu_defaults, decode_model, lowbit, one_token
 from vinoserve.model import fuse_projections as projections
 from vinoserve.model.block_offsets import split_block_offsets
 from vinoserve.model.compile_options import CompileOptions
-from vinoserve.memory import resident_bytes
 from vinoserve.model.errors import ModelLoadError, last_line
 from vinoserve.model.graph_facts import (MAX_CONTEXT_LEN_INPUT, SLIDING_WINDOW_INPUT, GraphFacts, layer_index,
                                          lm_head, read_graph_facts)
@@ -69,7 +69,20 @@ class PagedModel:
     decode: ov.CompiledModel | None = None
     decode_graph: decode_model.DecodeGraph | None = None  # the decode model's weights' size, its kernel
     main_kernel: MainKernel = MainKernel()
-    decode_tokens: int = decode_model.MAX_TOKENS
+
+    @property
+    def decode_tokens(self) -> int | None:
+        """Steps of at most this many tokens run on `decode` (None: there is none)."""
+        if self.decode is None:
+            return None
+        return decode_model.MAX_TOKENS if self.decode_graph is not None else one_token.TOKENS
+
+    @property
+    def proposal_cap(self) -> int | None:
+        """Tokens that speculation's proposals keep a step within (speculative.py): the decode
+        model's, whose steps cost far less; the one-token clone's would leave room for none, so
+        proposals cross it as into any larger step."""
+        return decode_model.MAX_TOKENS if self.decode_graph is not None else None
 
     def describe(self) -> str:
         """What was compiled beyond the plain graph, for the startup log ("" for nothing)."""
@@ -146,16 +159,16 @@ def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None
             projections.fuse_projections(model)
     compiled = _compile(core, model, options.device, options.properties())
     layout = _cache_layout(compiled)
-    decode, decode_graph, decode_tokens = None, None, decode_model.MAX_TOKENS
+    decode, decode_graph = None, None
     if options.decode_model:
         graph, decode_graph = decode_model.graph(model, raw, options, core)
         decode = _compile(core, graph, options.device, decode_model.properties(options.properties()))
     elif kernel.matmuls and options.one_token:
-        (decode, kernel), decode_tokens = _one_token_clone(core, model, options, kernel), one_token.TOKENS
+        decode, kernel = _one_token_clone(core, model, options, kernel)
     if decode is not None and _cache_layout(decode) != layout:
         raise ModelLoadError(f"the second compilation's KV cache layout differs from the main one's: "
                              f"{_cache_layout(decode)} vs {layout}")
-    return PagedModel(facts, compiled, options, layout, decode, decode_graph, kernel, decode_tokens)
+    return PagedModel(facts, compiled, options, layout, decode, decode_graph, kernel)
 
 
 def _resolve(options: CompileOptions, core: ov.Core, model: ov.Model) -> tuple[CompileOptions, MainKernel]:

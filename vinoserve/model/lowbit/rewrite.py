@@ -13,6 +13,7 @@ import openvino.opset13 as ops
 from openvino.utils.node_factory import NodeFactory
 
 from vinoserve.memory import release_freed_heap
+from vinoserve.model.block_offsets import is_axis0
 from vinoserve.model.lowbit import pack
 
 OP = "LowBitMatMul"
@@ -55,10 +56,7 @@ def replace_gathers(model: ov.Model, factory: NodeFactory) -> int:
     decode step's 0.47 of 19.6 ms for one row; Zen 5). Returns how many."""
     count = 0
     for node in model.get_ordered_ops():
-        if node.get_type_name() != "Gather" or node.get_attributes().get("batch_dims", 0) != 0:
-            continue
-        axis = node.input_value(2).get_node()
-        if axis.get_type_name() != "Constant" or int(np.asarray(axis.get_data()).reshape(-1)[0]) != 0:
+        if node.get_type_name() != "Gather" or node.get_attributes().get("batch_dims", 0) != 0 or not is_axis0(node):
             continue
         found = _decompression(node.input_value(0))
         ids = node.input_value(1)
@@ -85,14 +83,17 @@ def _gather_inputs(q: ov.Node, scale: ov.Node, offset: ov.Node | None) -> list[o
         return ops.constant(np.asarray(c.get_data()).view(np.uint8).reshape(rows, -1)).output(0)
 
     def as_f32(c: ov.Node) -> ov.Output:
-        return c.output(0) if c.get_element_type() == ov.Type.f32 else ops.constant(np.asarray(c.get_data(), np.float32)).output(0)
+        if c.get_element_type() == ov.Type.f32:
+            return c.output(0)
+        return ops.constant(np.asarray(c.get_data(), np.float32)).output(0)
 
     return [as_bytes(q), *(as_f32(c) if f32 else as_bytes(c) for c in floats)]
 
 
 def _gather_attributes(q: ov.Node) -> dict:
     rows, groups, group = (int(d) for d in q.get_output_shape(0))
-    return {"k": groups * group, "bits": q.get_element_type().bitwidth, "group": group, "is_signed": _SIGNED[q.get_element_type()]}
+    return {"k": groups * group, "bits": q.get_element_type().bitwidth, "group": group,
+            "is_signed": _SIGNED[q.get_element_type()]}
 
 
 def _fits_six_bits(u: np.ndarray) -> bool:
