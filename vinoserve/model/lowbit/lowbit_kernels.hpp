@@ -262,22 +262,35 @@ void tile_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, co
     for (int m = 0; m < MB; m++) store(y, t, m0 + m, acc[m]);
 }
 
-// A pair of tiles' scales and offsets in f32, per tile and group 16 floats, decoded once for all
-// the rows of x where pair_kernel decoded them again every few rows (K-quants' factors: a Q4_K
-// prompt product 0.93x the time, Q6_K's 0.86x; Zen 5). The same floats, so the same sums.
-struct PairFloats {
+// What pair_kernel reads of tiles t and t + 1 for all the rows of x, prepared once where it
+// would otherwise be again every few rows: the scales and offsets in f32, per tile and group 16
+// floats (K-quants' factors: a Q4_K prompt product 0.93x the time, Q6_K's 0.86x; Zen 5; the same
+// floats, so the same sums); and 6-bit weights unpacked to bytes, per tile, group and chunk 64
+// (the unpacking's shifts and masks crowded the dot products: a Q6_K prompt product 0.88x the
+// time, for a byte a weight in cache, 280 KiB a pair at k = 8,960; 4-bit weights 1.05x: packed).
+template <int BITS, int Q>
+struct PairTiles {
+    const size_t groups;
     std::unique_ptr<float[]> scale, offset;
-    PairFloats(const Weights& w, size_t t)
-        : scale(new float[2 * w.k / w.group * 16]), offset(w.offset ? new float[2 * w.k / w.group * 16] : nullptr) {
-        const size_t groups = w.k / w.group;
-        for (size_t j = 0; j < 2; j++)
-            for (size_t g = 0; g < groups; g++) {
+    std::unique_ptr<__m512i[]> bytes;  // 6-bit weights only
+
+    PairTiles(const Weights& w, size_t t)
+        : groups(w.k / w.group), scale(new float[2 * groups * 16]), offset(w.offset ? new float[2 * groups * 16] : nullptr),
+          bytes(BITS == 6 ? new __m512i[2 * groups * Q] : nullptr) {
+        for (size_t j = 0; j < 2; j++) {
+            const uint8_t* q = w.q + (t + j) * w.tile_bytes();
+            for (size_t g = 0; g < groups; g++, q += Q * BITS * 8) {
                 __m512 s, o;
                 group_floats(w, t + j, g, groups, s, o);
-                _mm512_storeu_ps(scale.get() + (j * groups + g) * 16, s);
-                if (w.offset) _mm512_storeu_ps(offset.get() + (j * groups + g) * 16, o);
+                _mm512_storeu_ps(&scale[(j * groups + g) * 16], s);
+                if (w.offset) _mm512_storeu_ps(&offset[(j * groups + g) * 16], o);
+                if constexpr (BITS == 6)
+                    for (int c = 0; c < Q / 2; c++) unpack<BITS, Q>(q, c, bytes[at(j, g, c)], bytes[at(j, g, c + Q / 2)]);
             }
+        }
     }
+
+    size_t at(size_t j, size_t g, int c) const { return (j * groups + g) * Q + c; }  // a chunk's 64 bytes in `bytes`
 };
 
 // Tiles t and t + 1 against MB rows of x, chunks outermost: each unpacked chunk meets every row's
@@ -287,7 +300,7 @@ struct PairFloats {
 // rows spilled; Zen 5; four rows of two planes 1.05x). A group's chunks unrolled: GCC otherwise
 // moves a third of the sums between registers on each chunk's back edge (0.9x the time).
 template <int MB, int BITS, int Q, int P>
-void pair_kernel(const Weights& w, const Activations& a, const PairFloats& f, size_t m0, size_t t, const Outputs& y) {
+void pair_kernel(const Weights& w, const Activations& a, const PairTiles<BITS, Q>& f, size_t m0, size_t t, const Outputs& y) {
     const size_t groups = w.k / (4 * Q);
     const uint8_t* q[2] = {w.q + t * w.tile_bytes(), w.q + (t + 1) * w.tile_bytes()};
     __m512 acc[2][MB];
@@ -303,12 +316,19 @@ void pair_kernel(const Weights& w, const Activations& a, const PairFloats& f, si
             }
         }
         // later rows find the pair's weights in cache (0.95x a Q4_0 / Q4_K prompt product's time)
-        if (m0 == 0)
+        if (BITS != 6 && m0 == 0)
             for (int j = 0; j < 2; j++) prefetch_ahead<BITS, Q>(w, q[j]);
 #pragma GCC unroll 8
         for (int c = 0; c < Q / 2; c++) {
             __m512i u[2][2];
-            for (int j = 0; j < 2; j++) unpack<BITS, Q>(q[j], c, u[j][0], u[j][1]);
+            for (int j = 0; j < 2; j++) {
+                if constexpr (BITS == 6) {
+                    u[j][0] = f.bytes[f.at(j, g, c)];
+                    u[j][1] = f.bytes[f.at(j, g, c + Q / 2)];
+                } else {
+                    unpack<BITS, Q>(q[j], c, u[j][0], u[j][1]);
+                }
+            }
             for (int h = 0; h < 2; h++)
                 for (int m = 0; m < MB; m++) {
                     const int32_t* x4 = reinterpret_cast<const int32_t*>(a.q.get() + (m0 + m) * P * w.k + g * 4 * Q) + c + h * Q / 2;
@@ -338,7 +358,7 @@ void run_tile(const Weights& w, const Activations& a, size_t rows, size_t t, boo
     size_t m = 0;
     if (pair) {
         constexpr int MB = P == 2 ? 3 : 4;
-        const PairFloats f(w, t);
+        const PairTiles<BITS, Q> f(w, t);
         for (; m + MB <= rows; m += MB) pair_kernel<MB, BITS, Q, P>(w, a, f, m, t, y);
         if (m + 2 <= rows) { pair_kernel<2, BITS, Q, P>(w, a, f, m, t, y); m += 2; }
         if (m < rows) pair_kernel<1, BITS, Q, P>(w, a, f, m, t, y);
