@@ -267,7 +267,7 @@ void tile_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, co
 // floats (K-quants' factors: a Q4_K prompt product 0.93x the time, Q6_K's 0.86x; Zen 5; the same
 // floats, so the same sums); and 6-bit weights unpacked to bytes, per tile, group and chunk 64
 // (the unpacking's shifts and masks crowded the dot products: a Q6_K prompt product 0.88x the
-// time, for a byte a weight in cache, 280 KiB a pair at k = 8,960; 4-bit weights 1.05x: packed).
+// time, for a byte a weight in cache, 280 KiB a pair at k = 8,960; 4-bit weights 1.04-1.07x).
 template <int BITS, int Q>
 struct PairTiles {
     const size_t groups;
@@ -297,8 +297,8 @@ struct PairTiles {
 // planes while it is in a register, and the rows' int32 sums stay in registers through the group,
 // so no register holds a whole group's weights. Three rows of two planes, four of one, fit the 32
 // registers ([8,960 x 1,536] Q4_0 at 256 rows: 0.92x and 0.82x the time of groups outermost, whose
-// rows spilled; Zen 5; four rows of two planes 1.05x). A group's chunks unrolled: GCC otherwise
-// moves a third of the sums between registers on each chunk's back edge (0.9x the time).
+// rows spilled; Zen 5; four rows of two planes 1.02-1.06x). A group's chunks unrolled: GCC otherwise
+// moves a third of the sums between registers on each chunk's back edge (0.87-0.96x the time).
 template <int MB, int BITS, int Q, int P>
 void pair_kernel(const Weights& w, const Activations& a, const PairTiles<BITS, Q>& f, size_t m0, size_t t, const Outputs& y) {
     const size_t groups = w.k / (4 * Q);
