@@ -264,7 +264,7 @@ void tile_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, co
 
 // What pair_kernel reads of tiles t and t + 1 for all the rows of x, prepared once where it
 // would otherwise be again every few rows: the scales and offsets in f32, per tile and group 16
-// floats (K-quants' factors: a Q4_K prompt product 0.93x the time, Q6_K's 0.86x; Zen 5; the same
+// floats (K-quants' factors: a Q4_K prompt product 0.94x the time, Q6_K's 0.84x; Zen 5; the same
 // floats, so the same sums); and 6-bit weights unpacked to bytes, per tile, group and chunk 64
 // (the unpacking's shifts and masks crowded the dot products: a Q6_K prompt product 0.88x the
 // time, for a byte a weight in cache, 280 KiB a pair at k = 8,960; 4-bit weights 1.04-1.07x).
