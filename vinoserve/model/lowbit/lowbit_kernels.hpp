@@ -263,15 +263,13 @@ void tile_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, co
     for (int m = 0; m < MB; m++) store(y, t, m0 + m, acc[m]);
 }
 
-// What pair_kernel reads of tiles t and t + 1 for all the rows of x, prepared once where it
-// would otherwise be again every few rows: the scales and offsets in f32, per tile and group 16
-// floats (K-quants' factors: a Q4_K prompt product 0.94x the time, Q6_K's 0.84x; Zen 5; the same
-// floats, so the same sums); and 6-bit weights unpacked to bytes, per tile, group and chunk 64
-// (the unpacking's shifts and masks crowded the dot products: a Q6_K prompt product 0.88x the
-// time, for a byte a weight in cache, 280 KiB a pair at k = 8,960; 4-bit weights 1.04-1.07x).
-// Its buffers are the thread's, kept between calls (allocating them a pair cost a Q4_0 product of 9
-// rows 1.09x the time): nothing in run_tile waits on other tasks, so no other call can take the
-// thread while they are in use.
+// What pair_kernel reads of tiles t and t + 1 for all the rows of x, prepared once where it would
+// be again every few rows: scales and offsets in f32, per tile and group 16 floats (K-quants'
+// factors: a Q4_K prompt product 0.94x the time, Q6_K's 0.84x; Zen 5; the same floats, so the same
+// sums); 6-bit weights unpacked, per tile, group and chunk 64 bytes (their shifts and masks crowded
+// the dot products: a Q6_K product 0.88x the time; 4-bit weights 1.04-1.07x). In the thread's
+// buffers, kept between calls (allocated a pair, a Q4_0 product of 9 rows took 1.09x the time):
+// nothing in run_tile waits on other tasks, so no other call takes the thread while they are used.
 template <int BITS, int Q>
 struct PairTiles {
     const size_t groups;
