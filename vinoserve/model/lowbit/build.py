@@ -23,7 +23,7 @@ from vinoserve.model.cpu_defaults import cpu_flags
 from vinoserve.model.storage import cache_root
 
 SOURCE = Path(__file__).with_name("lowbit_matmul.cpp")
-HEADERS = [SOURCE.with_name(h) for h in ("lowbit_kernels.hpp", "lowbit_gather.hpp")]  # included by SOURCE: part of what a build is keyed on
+HEADERS = sorted(SOURCE.parent.glob("*.hpp"))  # included by SOURCE: part of what a build is keyed on
 # AVX-512 with VNNI (vpdpbusd) and the f16 conversions: Ice Lake and later Xeons, Zen 4 and later.
 NEEDED_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"})
 _ISA = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"]
