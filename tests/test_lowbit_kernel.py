@@ -33,8 +33,9 @@ def _matmul(rows: int, k: int, group: int, element: ov.Type, scale_type, offset_
     bits, signed = bits or element.bitwidth, element in (ov.Type.i4, ov.Type.i8)
     low = -(1 << (bits - 1)) if signed else 0
     q = rng.integers(low, low + (1 << bits), (rows, k // group, group))
-    if scale_type == "k":  # a K-quant's: an f16 per 256 weights times an integer per group, f32
-        scale = _k_factors(rng, rows, k // group, 256 // group, 0.0004, (-128, 128) if signed else (0, 64))
+    if scale_type in ("k", "k6"):  # a K-quant's: an f16 per 256 weights times an integer per group, f32
+        ints = (-128, 128) if signed and scale_type == "k" else (0, 64)  # "k6": Q4_K's 6-bit sub-scales
+        scale = _k_factors(rng, rows, k // group, 256 // group, 0.0004, ints)
     else:
         scale = (rng.random((rows, k // group, 1)) * 0.02 + 0.001).astype(scale_type)
     w = ops.multiply(ops.convert(ops.constant(q.astype(np.int8 if signed else np.uint8), element),
@@ -72,7 +73,8 @@ def _int8_activations(x: np.ndarray, group: int) -> np.ndarray:
 @pytest.mark.parametrize("element,group,scale_type,offset_type", [
     (ov.Type.i4, 32, np.float16, None),        # Q4_0
     (ov.Type.i4, 32, np.float32, np.float32),  # Q4_1 (centred, an offset per block)
-    (ov.Type.i4, 32, "k", "k"),                # Q4_K: its factors found again
+    (ov.Type.i4, 32, "k", "k"),                # its factors found again, int8 sub-scales
+    (ov.Type.i4, 32, "k6", "k"),               # Q4_K: 6-bit sub-scales and minimums, kept in 6 bits
     ("q6", 16, "k", None),                     # Q6_K: int8 constants with 6-bit values, packed in 6 bits
     ("q6", 32, np.float16, None),
     (ov.Type.i8, 16, "k", None),               # Q6_K's scales with int8's whole range (8 bits)
@@ -105,9 +107,10 @@ def test_the_kernel_computes_its_arithmetic(kernel, element, group, scale_type, 
     for i in (0, 14):
         np.testing.assert_array_equal(compiled([x[i:i + 1]])[0][0], y[i])
     node, = (n for n in model.get_ordered_ops() if n.get_type_name() == lowbit.OP)
-    assert (node.get_attributes()["block"] > 0) == (scale_type == "k")
+    assert (node.get_attributes()["block"] > 0) == (scale_type in ("k", "k6"))
+    assert node.get_attributes()["factor_bits"] == (6 if scale_type == "k6" else 8)
     assert node.get_attributes()["bits"] == (bits or element.bitwidth)
-    if scale_type == "k":  # the factors give bit for bit what their f32 products give
+    if scale_type in ("k", "k6"):  # the factors give bit for bit what their f32 products give
         monkeypatch.setattr(pack, "factor", lambda s, block: None)
         plain, _, _ = _matmul(200, 512, group, element, scale_type, offset_type, np.random.default_rng(7), bits)
         assert lowbit.use_kernel(plain, core) == 1
@@ -237,14 +240,19 @@ def test_the_decode_model_runs_its_low_bit_matmuls_on_the_kernel(kernel, q4_k):
 
 
 def test_k_quant_products_keep_the_files_factors(kernel, q4_k):
-    """Q4_K, Q5_K and Q6_K: an f16 per 256 weights and an int8 per group (0.58 bytes a Q4_K weight
-    where their f32 products take 0.75); the other products' floats as they are. Q5_K's and Q6_K's
-    values, int8 in the graph, in 6 bits."""
+    """Q4_K, Q5_K and Q6_K: an f16 per 256 weights and an integer per group, Q4_K's and Q5_K's in
+    6 bits as the file keeps them (0.5625 bytes a Q4_K weight, the file's, where their f32 products
+    take 0.75), Q6_K's in 8; the other products' floats as they are. Q5_K's and Q6_K's values,
+    int8 in the graph, in 6 bits. Q4_K and Q6_K read the file's bytes (Q5_K's 5-bit values take 6)."""
     model = build_model(q4_k.config, q4_k.tensor, "auto")
     assert lowbit.use_kernel(model, ov.Core()) == 2 * 7 + 1
-    layouts = collections.Counter((n.get_attributes()["bits"], n.get_attributes()["group"], n.get_attributes()["block"])
-                                  for n in model.get_ordered_ops() if n.get_type_name() == lowbit.OP)
-    assert layouts == {(4, 32, 8): 10, (6, 32, 8): 2, (6, 16, 16): 3}  # Q4_K, Q5_K, Q6_K (the LM head's too)
+    nodes = [n for n in model.get_ordered_ops() if n.get_type_name() == lowbit.OP]
+    layouts = collections.Counter(tuple(n.get_attributes()[a] for a in ("bits", "group", "block", "factor_bits")) for n in nodes)
+    assert layouts == {(4, 32, 8, 6): 10, (6, 32, 8, 6): 2, (6, 16, 16, 8): 3}  # Q4_K, Q5_K, Q6_K (the LM head's too)
+    for n in nodes:
+        weights = -(-n.get_attributes()["n"] // 16) * 16 * n.get_attributes()["k"]  # rows in whole tiles
+        read = sum(n.input_value(i).get_node().get_byte_size() for i in range(1, n.get_input_size()))
+        assert read * 8 / weights == {4: 4.5, 6: 6.5 if n.get_attributes()["group"] == 32 else 6.5625}[n.get_attributes()["bits"]]
 
 
 def test_scales_factor_only_where_the_products_come_back_exactly():
@@ -253,6 +261,10 @@ def test_scales_factor_only_where_the_products_come_back_exactly():
     d, q = pack.factor(s, 8)
     assert d.dtype == np.float16 and q.dtype == np.int8
     np.testing.assert_array_equal(np.repeat(d.astype(np.float32), 8, axis=1) * q, s)
+    assert pack.factor_bits(q) == 6
+    d, q = pack.factor(-s, 8)  # a minimum's -dmin * m: negated factors, so its integers take 6 bits too
+    np.testing.assert_array_equal(np.repeat(d.astype(np.float32), 8, axis=1) * q, -s)
+    assert q.min() >= 0 and pack.factor_bits(q) == 6
     assert pack.factor(rng.random((64, 16)).astype(np.float32), 8) is None  # not a K-quant's
     assert pack.factor(np.full((4, 8), 1e30, np.float32), 8) is None  # beyond f16
     assert not pack.factor(np.zeros((4, 8), np.float32), 8)[1].any()

@@ -20,11 +20,11 @@
 // Scales (and offsets) per tile and group: 16 floats, one per row: f32, or f16 given as bytes (the
 // plugin widens an f16 constant to f32: Q4_0 read 5 bits a weight, not the file's 4.5); or, for
 // K-quants (block_shift >= 0), factored as the file stores them, in bytes: per tile and block of
-// 2^block_shift groups 16 f16s, then per group 16 int8s;
-// scale = f16 * int8, exact in f32. An offset's factors are the block minimum's, o; the kernel
-// adds back centre * scale, the centring weights.py applied (8 for Q4_K, 16 for Q5_K), rounded
-// once as numpy's f32 sum was: offset = fma(scale, centre, o). 0.58 bytes a Q4_K weight instead
-// of 0.75, 1.07 a Q6_K one instead of 1.25.
+// 2^block_shift groups 16 f16s, then per group 16 int8s, or (factor_bits 6: Q4_K's, Q5_K's) 16
+// 6-bit integers in 12 bytes; scale = f16 * integer, exact in f32. An offset's factors are the
+// block minimum's, o; the kernel adds back centre * scale, the centring weights.py applied (8 for
+// Q4_K, 16 for Q5_K), rounded once as numpy's f32 sum was: offset = fma(scale, centre, o). 0.5625
+// bytes a Q4_K weight (the file's) instead of 0.75, 0.82 a Q6_K one instead of 1.
 #pragma once
 
 #include <immintrin.h>
@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "lowbit_activations.hpp"
@@ -44,7 +45,7 @@ struct Weights {
     const void* scale;   // plain: f16 (as bytes) or f32 per group; factored: bytes as above
     const void* offset;  // nullptr: none
     bool f16;
-    int bits, group, bias, centre, block_shift;  // block_shift < 0: plain floats
+    int bits, group, bias, centre, block_shift, factor_bits;  // block_shift < 0: plain floats
     size_t n, k, prefetch;
     size_t tile_bytes() const { return 16 * k * bits / 8; }
 };
@@ -57,13 +58,26 @@ inline __m512 load_floats(const void* p, bool f16, size_t i) {
     return f16 ? load_half(p, i) : _mm512_loadu_ps(static_cast<const float*>(p) + i);
 }
 
-// Factored: the f16s of group g's block times g's int8s (g counted over all tiles).
-inline __m512 load_factored(const void* p, size_t g, int block_shift) {
-    const size_t block = size_t{1} << block_shift;
-    const uint8_t* at = static_cast<const uint8_t*>(p) + (g >> block_shift) * (32 + 16 * block);
-    const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 32 + 16 * (g & (block - 1))))));
-    return _mm512_mul_ps(load_half(at, 0), q);
+// 16 integers of 6 bits, row j's at bits 6j of 12 bytes, as int32s: each one's two bytes into a
+// 16-bit lane (both halves of the register hold the 12 bytes), shifted down. The 12 bytes load
+// as 8 and 4 (a masked load made a one-row Q4_K product 1.35x slower on Zen 5).
+inline __m512i six_bits(const uint8_t* p) {
+    int32_t last;
+    std::memcpy(&last, p + 8, 4);
+    const __m256i bytes = _mm256_broadcastsi128_si256(_mm_insert_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), last, 2));
+    const __m256i pairs = _mm256_shuffle_epi8(bytes, _mm256_setr_epi8(0, 1, 0, 1, 1, 2, 2, 3, 3, 4, 3, 4, 4, 5, 5, 6,
+                                                                       6, 7, 6, 7, 7, 8, 8, 9, 9, 10, 9, 10, 10, 11, 11, -1));
+    const __m256i shift = _mm256_setr_epi16(0, 6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2, 0, 6, 4, 2);
+    return _mm512_cvtepu16_epi32(_mm256_and_si256(_mm256_srlv_epi16(pairs, shift), _mm256_set1_epi16(63)));
+}
+
+// Factored: the f16s of group g's block times g's integers (g counted over all tiles).
+inline __m512 load_factored(const void* p, size_t g, const Weights& w) {
+    const size_t block = size_t{1} << w.block_shift, ints = w.factor_bits == 6 ? 12 : 16;
+    const uint8_t* at = static_cast<const uint8_t*>(p) + (g >> w.block_shift) * (32 + ints * block);
+    const uint8_t* q = at + 32 + ints * (g & (block - 1));
+    const __m512i q32 = w.factor_bits == 6 ? six_bits(q) : _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+    return _mm512_mul_ps(load_half(at, 0), _mm512_cvtepi32_ps(q32));
 }
 
 // A tile's 16 scales and offsets of group g (groups: the row's).
@@ -74,9 +88,9 @@ inline void group_floats(const Weights& w, size_t t, size_t g, size_t groups, __
         offset = w.offset ? load_floats(w.offset, w.f16, at * 16) : _mm512_setzero_ps();
         return;
     }
-    scale = load_factored(w.scale, at, w.block_shift);
+    scale = load_factored(w.scale, at, w);
     offset = w.offset ? _mm512_fmadd_ps(scale, _mm512_set1_ps(static_cast<float>(w.centre)),
-                                        load_factored(w.offset, at, w.block_shift))
+                                        load_factored(w.offset, at, w))
                       : _mm512_setzero_ps();
 }
 

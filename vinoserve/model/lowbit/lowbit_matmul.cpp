@@ -9,7 +9,7 @@
 // pace (vinoserve/model/lowbit/__init__.py has the figures).
 //
 // Attributes: n, k, bits (4, 6 or 8), group (16 or 32), bias (what makes a weight unsigned),
-// block and centre (K-quants' factored scales), planes: x quantized to 1 or 2 int8 planes, or 0:
+// block, centre and factor_bits (K-quants' factored scales), planes: x quantized to 1 or 2 int8 planes, or 0:
 // as many as the last input says, a scalar the runner sets each step (engine/model_runner.py,
 // ModelRunner.planes); prefetch: how far ahead the weights are fetched, in bytes; parts: the
 // outputs' widths where the product is split along its columns (whole tiles; empty: one output).
@@ -35,6 +35,7 @@ public:
         NODE_VALIDATION_CHECK(this, m_k % m_group == 0, "k is not a multiple of the group");
         NODE_VALIDATION_CHECK(this, m_block == 0 || (block_shift() >= 0 && (m_k / m_group) % m_block == 0),
                               "block is not a power of two dividing the groups");
+        NODE_VALIDATION_CHECK(this, m_factor_bits == 8 || (m_factor_bits == 6 && m_block), "factor_bits is 8, or 6 with block");
         NODE_VALIDATION_CHECK(this, m_planes >= 0 && m_planes <= 2, "planes is 1, 2 or 0 (an input)");
         NODE_VALIDATION_CHECK(this, m_prefetch >= 0 && m_prefetch <= 65536, "prefetch is a distance in bytes, up to 64 KiB");
         NODE_VALIDATION_CHECK(this, float_inputs() == 1 || float_inputs() == 2, "x, weights, scales [, offsets] [, planes]");
@@ -62,7 +63,7 @@ public:
     std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override {
         auto op = std::make_shared<LowBitMatMul>();
         op->set_arguments(args);
-        op->m_n = m_n; op->m_k = m_k; op->m_bits = m_bits; op->m_group = m_group; op->m_bias = m_bias; op->m_block = m_block; op->m_centre = m_centre;
+        op->m_n = m_n; op->m_k = m_k; op->m_bits = m_bits; op->m_group = m_group; op->m_bias = m_bias; op->m_block = m_block; op->m_centre = m_centre; op->m_factor_bits = m_factor_bits;
         op->m_planes = m_planes; op->m_prefetch = m_prefetch; op->m_parts = m_parts;
         op->constructor_validate_and_infer_types();
         return op;
@@ -76,6 +77,7 @@ public:
         v.on_attribute("bias", m_bias);
         v.on_attribute("block", m_block);
         v.on_attribute("centre", m_centre);
+        v.on_attribute("factor_bits", m_factor_bits);
         v.on_attribute("planes", m_planes);
         v.on_attribute("prefetch", m_prefetch);
         v.on_attribute("parts", m_parts);
@@ -100,7 +102,7 @@ public:
         if (rows == 0) return true;
         Weights w{static_cast<const uint8_t*>(inputs[1].data()), inputs[2].data(),
                   float_inputs() == 2 ? inputs[3].data() : nullptr, inputs[2].get_element_type() == ov::element::u8,
-                  static_cast<int>(m_bits), static_cast<int>(m_group), static_cast<int>(m_bias), static_cast<int>(m_centre), block_shift(),
+                  static_cast<int>(m_bits), static_cast<int>(m_group), static_cast<int>(m_bias), static_cast<int>(m_centre), block_shift(), static_cast<int>(m_factor_bits),
                   static_cast<size_t>(m_n), static_cast<size_t>(m_k), static_cast<size_t>(m_prefetch)};
         const int planes = (m_planes ? m_planes : inputs.back().data<const int32_t>()[0]) == 2 ? 2 : 1;
         const Activations a = quantize(inputs[0].data<float>(), rows, w.k, w.group, planes);
@@ -127,7 +129,8 @@ private:
         return -1;
     }
 
-    int64_t m_n = 0, m_k = 0, m_bits = 4, m_group = 32, m_bias = 0, m_block = 0, m_centre = 0, m_planes = 1, m_prefetch = 1024;
+    int64_t m_n = 0, m_k = 0, m_bits = 4, m_group = 32, m_bias = 0, m_block = 0, m_centre = 0, m_factor_bits = 8, m_planes = 1,
+            m_prefetch = 1024;
     std::vector<int64_t> m_parts;  // the outputs' columns, in tiles' order; empty: one output of n
 };
 

@@ -88,10 +88,21 @@ def factor(s: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray] | None:
         whole = len(todo) == len(b)  # views, not gathered copies, for the pass that solves most
         dc, qc, ok = _solve(b if whole else b[todo], m if whole else m[todo], c, sign)
         if whole and ok.all():
-            return dc.reshape(rows, groups // block), qc.astype(np.int8).reshape(rows, groups)
+            return _unsigned(dc, qc.astype(np.int8), rows, groups, block)
         d[todo[ok]], q[todo[ok]] = dc[ok], qc[ok].astype(np.int8)
         todo = todo[~ok]
-    return None if len(todo) else (d.reshape(rows, groups // block), q.reshape(rows, groups))
+    return None if len(todo) else _unsigned(d, q, rows, groups, block)
+
+
+def _unsigned(d: np.ndarray, q: np.ndarray, rows: int, groups: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """Blocks whose integers are all <= 0 (some < 0) negated, d and integers both (the same
+    products, bit for bit): a K-quant's minimums, -dmin * m, then take 6 bits as its scales do."""
+    q = q.reshape(-1, block)
+    low = q.min(axis=1)
+    flip = (q.max(axis=1) <= 0) & (low < 0) & (low > -128)
+    d = np.where(flip, -d.reshape(-1), d.reshape(-1))
+    q = np.where(flip[:, None], -q, q)
+    return d.reshape(rows, groups // block), q.reshape(rows, groups)
 
 
 def _solve(b: np.ndarray, m: np.ndarray, c: int, sign: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -108,13 +119,25 @@ def _solve(b: np.ndarray, m: np.ndarray, c: int, sign: int) -> tuple[np.ndarray,
     return dc, qc, ok
 
 
-def pack_factored(d: np.ndarray, q: np.ndarray) -> np.ndarray:
+def factor_bits(*ints: np.ndarray) -> int:
+    """6 where factor()'s integers all lie in [0, 64) (Q4_K's and Q5_K's sub-scales and minimums,
+    as the file keeps them), else 8."""
+    return 6 if all(int(q.min()) >= 0 and int(q.max()) < 64 for q in ints) else 8
+
+
+def pack_factored(d: np.ndarray, q: np.ndarray, bits: int) -> np.ndarray:
     """factor()'s f16 [rows, blocks] and int8 [rows, groups] -> bytes: per tile and block the 16
-    rows' f16s, then per group of the block the 16 rows' int8s (bytes: the plugin widens f16 constants)."""
+    rows' f16s, then per group of the block the 16 rows' integers, a byte each or (bits 6) row j's
+    at bits 6j..6j+5 of the group's 12 bytes: 4.5 bits a Q4_K weight, as in the file, where a
+    byte each made 4.625 (bytes: the plugin widens f16 constants)."""
     blocks = d.shape[1]
     head = pack_floats(d).view(np.uint8).reshape(-1, blocks, 2 * TILE)
-    ints = pack_floats(q).view(np.uint8).reshape(head.shape[0], blocks, -1)
-    return np.concatenate([head, ints], axis=-1).reshape(-1)
+    ints = pack_floats(q).view(np.uint8)
+    if bits == 6:  # four rows' 6 bits in three bytes
+        v = ints.astype(np.uint32).reshape(*ints.shape[:2], TILE // 4, 4)
+        word = v[..., 0] | v[..., 1] << 6 | v[..., 2] << 12 | v[..., 3] << 18
+        ints = np.stack([word, word >> 8, word >> 16], axis=-1).astype(np.uint8)
+    return np.concatenate([head, ints.reshape(head.shape[0], blocks, -1)], axis=-1).reshape(-1)
 
 
 def minimum(offset: np.ndarray, scale: np.ndarray, centre: int) -> np.ndarray | None:

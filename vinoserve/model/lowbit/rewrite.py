@@ -179,7 +179,7 @@ def _float_inputs(scale: ov.Node, offset: ov.Node | None, rows: int, groups: int
     f32 = any(c is not None and c.get_element_type() == ov.Type.f32 for c in (scale, offset))
     packed = [pack.pack_floats(_floats(c, rows, groups).astype(np.float32 if f32 else np.float16))
               for c in (scale, offset) if c is not None]
-    return [p if f32 else p.view(np.uint8) for p in packed], {"block": 0, "centre": 0}
+    return [p if f32 else p.view(np.uint8) for p in packed], {"block": 0, "centre": 0, "factor_bits": 8}
 
 
 def _factored(scale: ov.Node, offset: ov.Node | None, rows: int, groups: int,
@@ -189,13 +189,16 @@ def _factored(scale: ov.Node, offset: ov.Node | None, rows: int, groups: int,
     if s_factors is None:
         return None
     if offset is None:
-        return [pack.pack_factored(*s_factors)], {"block": block, "centre": 0}
+        bits = pack.factor_bits(s_factors[1])
+        return [pack.pack_factored(*s_factors, bits)], {"block": block, "centre": 0, "factor_bits": bits}
     o = _floats(offset, rows, groups).astype(np.float32)
     for centre in _CENTRES:
         m = pack.minimum(o, s, centre)
         m_factors = None if m is None else pack.factor(m, block)
         if m_factors is not None:
-            return [pack.pack_factored(*s_factors), pack.pack_factored(*m_factors)], {"block": block, "centre": centre}
+            bits = pack.factor_bits(s_factors[1], m_factors[1])  # one layout for both
+            return ([pack.pack_factored(*s_factors, bits), pack.pack_factored(*m_factors, bits)],
+                    {"block": block, "centre": centre, "factor_bits": bits})
     return None
 
 
