@@ -76,6 +76,7 @@ def _int8_activations(x: np.ndarray, group: int) -> np.ndarray:
     (ov.Type.i4, 32, "k", "k"),                # its factors found again, int8 sub-scales
     (ov.Type.i4, 32, "k6", "k"),               # Q4_K: 6-bit sub-scales and minimums, kept in 6 bits
     ("q6", 16, "k", None),                     # Q6_K: int8 constants with 6-bit values, packed in 6 bits
+    ("q5", 32, "k6", "k"),                     # Q5_K: 5-bit values, packed in 5 bits
     ("q6", 32, np.float16, None),
     (ov.Type.i8, 16, "k", None),               # Q6_K's scales with int8's whole range (8 bits)
     (ov.Type.i8, 32, "k", "k"),                # Q5_K
@@ -89,7 +90,7 @@ def test_the_kernel_computes_its_arithmetic(kernel, element, group, scale_type, 
     200 rows (the last tile of 16 partial), 15 rows of x (the 8, 4, 2 and 1-row paths), and each
     row of x alone gives bit for bit what it gives in the batch."""
     rng = np.random.default_rng(7)
-    bits = 6 if element == "q6" else None
+    bits = {"q5": 5, "q6": 6}.get(element)
     element = ov.Type.i8 if bits else element
     model, scaled, offsets = _matmul(200, 512, group, element, scale_type, offset_type, rng, bits)
     core = ov.Core()
@@ -243,16 +244,16 @@ def test_k_quant_products_keep_the_files_factors(kernel, q4_k):
     """Q4_K, Q5_K and Q6_K: an f16 per 256 weights and an integer per group, Q4_K's and Q5_K's in
     6 bits as the file keeps them (0.5625 bytes a Q4_K weight, the file's, where their f32 products
     take 0.75), Q6_K's in 8; the other products' floats as they are. Q5_K's and Q6_K's values,
-    int8 in the graph, in 6 bits. Q4_K and Q6_K read the file's bytes (Q5_K's 5-bit values take 6)."""
+    int8 in the graph, in 5 and 6 bits. Every one reads the file's bytes."""
     model = build_model(q4_k.config, q4_k.tensor, "auto")
     assert lowbit.use_kernel(model, ov.Core()) == 2 * 7 + 1
     nodes = [n for n in model.get_ordered_ops() if n.get_type_name() == lowbit.OP]
     layouts = collections.Counter(tuple(n.get_attributes()[a] for a in ("bits", "group", "block", "factor_bits")) for n in nodes)
-    assert layouts == {(4, 32, 8, 6): 10, (6, 32, 8, 6): 2, (6, 16, 16, 8): 3}  # Q4_K, Q5_K, Q6_K (the LM head's too)
+    assert layouts == {(4, 32, 8, 6): 10, (5, 32, 8, 6): 2, (6, 16, 16, 8): 3}  # Q4_K, Q5_K, Q6_K (the LM head's too)
     for n in nodes:
         weights = -(-n.get_attributes()["n"] // 16) * 16 * n.get_attributes()["k"]  # rows in whole tiles
         read = sum(n.input_value(i).get_node().get_byte_size() for i in range(1, n.get_input_size()))
-        assert read * 8 / weights == {4: 4.5, 6: 6.5 if n.get_attributes()["group"] == 32 else 6.5625}[n.get_attributes()["bits"]]
+        assert read * 8 / weights == {4: 4.5, 5: 5.5, 6: 6.5625}[n.get_attributes()["bits"]]  # the file's
 
 
 def test_scales_factor_only_where_the_products_come_back_exactly():

@@ -15,8 +15,8 @@
 // vpdpbusd reads: chunk c holds, for each of the 16 rows, 4 consecutive weights (64 bytes).
 // 8-bit: chunk c = weights 4c..4c+3 of the group. 4-bit: the low nibbles of chunk c are weights
 // 4c..4c+3 and the high nibbles weights 4(c + H)..4(c + H)+3, H = group / 8. 6-bit (Q6_K's
-// values, 0.75 bytes a weight where 8 bits took 1): their low four bits as the 4-bit layout, then
-// the top two in 64-byte planes, chunk c's at bits 2(c % 4) of plane c / 4.
+// values, 0.75 bytes a weight where 8 bits took 1) and 5-bit (Q5_K's, 0.625): their low four bits
+// as the 4-bit layout, then the rest in 64-byte planes (top_bits).
 // Scales (and offsets) per tile and group: 16 floats, one per row: f32, or f16 given as bytes (the
 // plugin widens an f16 constant to f32: Q4_0 read 5 bits a weight, not the file's 4.5); or, for
 // K-quants (block_shift >= 0), factored as the file stores them, in bytes: per tile and block of
@@ -94,16 +94,22 @@ inline void group_floats(const Weights& w, size_t t, size_t g, size_t groups, __
                       : _mm512_setzero_ps();
 }
 
-// 6-bit weights: chunk c's top two bits (bits 2(c % 4) of plane c / 4), moved to bits 4-5 of
-// each byte, the rest zero.
+// 5- and 6-bit weights keep their bits above the low four in 64-byte planes after those: per
+// chunk one bit (5: bit c % 8 of plane c / 8) or two (6: bits 2(c % 4) of plane c / 4).
+template <int BITS>
+constexpr bool TOP_PLANES = BITS == 5 || BITS == 6;
+
+// Chunk c's top bits, moved to bits 4 (-5) of each byte, the rest zero.
+template <int BITS>
 inline __m512i top_bits(const uint8_t* planes, int c) {
-    const __m512i p = _mm512_loadu_si512(planes + c / 4 * 64);
-    const int shift = 4 - 2 * (c % 4);
+    constexpr int PER = BITS == 6 ? 4 : 8;  // chunks a plane
+    const __m512i p = _mm512_loadu_si512(planes + c / PER * 64);
+    const int shift = 4 - (BITS - 4) * (c % PER);
     const __m512i moved = shift >= 0 ? _mm512_slli_epi16(p, shift) : _mm512_srli_epi16(p, -shift);
-    return _mm512_and_si512(moved, _mm512_set1_epi8(0x30));
+    return _mm512_and_si512(moved, _mm512_set1_epi8(BITS == 6 ? 0x30 : 0x10));
 }
 
-// Chunks c and c + Q / 2 of a tile's group at q (Q chunks; 4- and 6-bit: one load holds both),
+// Chunks c and c + Q / 2 of a tile's group at q (Q chunks; 4- to 6-bit: one load holds both),
 // as unsigned bytes.
 template <int BITS, int Q>
 inline void unpack(const uint8_t* q, int c, __m512i& lo, __m512i& hi) {
@@ -112,9 +118,9 @@ inline void unpack(const uint8_t* q, int c, __m512i& lo, __m512i& hi) {
         hi = _mm512_loadu_si512(q + (c + Q / 2) * 64);
     } else {
         const __m512i low = _mm512_set1_epi8(0x0F), v = _mm512_loadu_si512(q + c * 64);
-        if constexpr (BITS == 6) {  // (v & low) | top in one op (0.96x a Q6_K prompt product's time)
-            lo = _mm512_ternarylogic_epi32(v, top_bits(q + Q * 32, c), low, 0xEC);
-            hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4), top_bits(q + Q * 32, c + Q / 2), low, 0xEC);
+        if constexpr (TOP_PLANES<BITS>) {  // (v & low) | top in one op (0.96x a Q6_K prompt product's time)
+            lo = _mm512_ternarylogic_epi32(v, top_bits<BITS>(q + Q * 32, c), low, 0xEC);
+            hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4), top_bits<BITS>(q + Q * 32, c + Q / 2), low, 0xEC);
         } else {
             lo = _mm512_and_si512(v, low);
             hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
@@ -190,15 +196,16 @@ void tile_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, co
 // What pair_kernel reads of tiles t and t + 1 for all the rows of x, prepared once where it would
 // be again every few rows: scales and offsets in f32, per tile and group 16 floats (K-quants'
 // factors: a Q4_K prompt product 0.94x the time, Q6_K's 0.84x; Zen 5; the same floats, so the same
-// sums); 6-bit weights unpacked, per tile, group and chunk 64 bytes (their shifts and masks crowded
-// the dot products: a Q6_K product 0.88x the time; 4-bit weights 1.04-1.07x). In the thread's
-// buffers, kept between calls (allocated a pair, a Q4_0 product of 9 rows took 1.09x the time):
-// nothing in run_tile waits on other tasks, so no other call takes the thread while they are used.
+// sums); 5- and 6-bit weights unpacked, per tile, group and chunk 64 bytes (their shifts and
+// masks crowded the dot products: a Q6_K product 0.88x the time; 4-bit weights 1.04-1.07x). In
+// the thread's buffers, kept between calls (allocated a pair, a Q4_0 product of 9 rows took 1.09x
+// the time): nothing in run_tile waits on other tasks, so no other call takes the thread while
+// they are used.
 template <int BITS, int Q>
 struct PairTiles {
     const size_t groups;
     float *scale, *offset;
-    __m512i* bytes;  // 6-bit weights only
+    __m512i* bytes;  // 5- and 6-bit weights only
 
     PairTiles(const Weights& w, size_t t) : groups(w.k / w.group) {
         static thread_local std::vector<__m512> floats;
@@ -206,8 +213,8 @@ struct PairTiles {
         floats.resize(std::max(floats.size(), 4 * groups));
         scale = reinterpret_cast<float*>(floats.data());
         offset = w.offset ? scale + 2 * groups * 16 : nullptr;
-        if constexpr (BITS == 6) unpacked.resize(std::max(unpacked.size(), 2 * groups * Q));
-        bytes = BITS == 6 ? unpacked.data() : nullptr;
+        if constexpr (TOP_PLANES<BITS>) unpacked.resize(std::max(unpacked.size(), 2 * groups * Q));
+        bytes = TOP_PLANES<BITS> ? unpacked.data() : nullptr;
         for (size_t j = 0; j < 2; j++) {
             const uint8_t* q = w.q + (t + j) * w.tile_bytes();
             for (size_t g = 0; g < groups; g++, q += Q * BITS * 8) {
@@ -215,7 +222,7 @@ struct PairTiles {
                 group_floats(w, t + j, g, groups, s, o);
                 _mm512_storeu_ps(&scale[(j * groups + g) * 16], s);
                 if (w.offset) _mm512_storeu_ps(&offset[(j * groups + g) * 16], o);
-                if constexpr (BITS == 6)
+                if constexpr (TOP_PLANES<BITS>)
                     for (int c = 0; c < Q / 2; c++) unpack<BITS, Q>(q, c, bytes[at(j, g, c)], bytes[at(j, g, c + Q / 2)]);
             }
         }
@@ -247,13 +254,13 @@ void pair_kernel(const Weights& w, const Activations& a, const PairTiles<BITS, Q
             }
         }
         // later rows find the pair's weights in cache (0.95x a Q4_0 / Q4_K prompt product's time)
-        if (BITS != 6 && m0 == 0)
+        if (!TOP_PLANES<BITS> && m0 == 0)
             for (int j = 0; j < 2; j++) prefetch_ahead<BITS, Q>(w, q[j]);
 #pragma GCC unroll 8
         for (int c = 0; c < Q / 2; c++) {
             __m512i u[2][2];
             for (int j = 0; j < 2; j++) {
-                if constexpr (BITS == 6) {
+                if constexpr (TOP_PLANES<BITS>) {
                     u[j][0] = f.bytes[f.at(j, g, c)];
                     u[j][1] = f.bytes[f.at(j, g, c + Q / 2)];
                 } else {
@@ -307,6 +314,7 @@ template <int P>
 TileFn pick_planes(int bits, int group) {
     if (bits == 4 && group == 32) return run_tile<4, 8, P>;
     if (bits == 4 && group == 16) return run_tile<4, 4, P>;
+    if (bits == 5 && group == 32) return run_tile<5, 8, P>;
     if (bits == 6 && group == 32) return run_tile<6, 8, P>;
     if (bits == 6 && group == 16) return run_tile<6, 4, P>;
     if (bits == 8 && group == 32) return run_tile<8, 8, P>;

@@ -25,7 +25,7 @@ def unsigned(packed: np.ndarray, rows: int, k: int, bits: int, signed: bool) -> 
 
 
 def pack_weights(u: np.ndarray, bits: int, group: int) -> np.ndarray:
-    """uint8 [rows, k] (values < 2**bits; 4, 6 or 8 bits) -> the tiled bytes, rows padded to a
+    """uint8 [rows, k] (values < 2**bits; 4, 5, 6 or 8 bits) -> the tiled bytes, rows padded to a
     multiple of 16."""
     parts = [_pack_rows(u[r:r + _ROWS_AT_ONCE], bits, group) for r in range(0, u.shape[0], _ROWS_AT_ONCE)]
     return np.concatenate(parts) if len(parts) > 1 else parts[0]
@@ -41,10 +41,13 @@ def _pack_rows(u: np.ndarray, bits: int, group: int) -> np.ndarray:
     if bits == 4:
         half = quads // 2
         t = t[:, :, :half] | (t[:, :, half:] << 4)
-    elif bits == 6:  # the low four bits as 4-bit's, then the top two of four chunks a byte
-        low, top = t & 0x0F, (t >> 4).reshape(tiles, k // group, quads // 4, 4, TILE, 4)
+    elif bits in (5, 6):  # the low four bits as 4-bit's, then the top one or two of 8 or 4 chunks a byte
+        per = 8 // (bits - 4)
+        low, top = t & 0x0F, (t >> 4).reshape(tiles, k // group, quads // per, per, TILE, 4)
         half = quads // 2
-        planes = top[:, :, :, 0] | top[:, :, :, 1] << 2 | top[:, :, :, 2] << 4 | top[:, :, :, 3] << 6
+        planes = top[:, :, :, 0]
+        for i in range(1, per):
+            planes = planes | top[:, :, :, i] << ((bits - 4) * i)
         t = np.concatenate([(low[:, :, :half] | (low[:, :, half:] << 4)).reshape(tiles, k // group, -1),
                             planes.reshape(tiles, k // group, -1)], axis=-1)
     return np.ascontiguousarray(t).reshape(-1)

@@ -96,10 +96,16 @@ def _gather_attributes(q: ov.Node) -> dict:
             "is_signed": _SIGNED[q.get_element_type()]}
 
 
-def _fits_six_bits(u: np.ndarray) -> bool:
-    """Whether int8 values (u = q + 128) all lie in [-32, 32): losslessly 6 bits. Any int8 matrix
-    may (a Q8_0's or the int8 conversion's take the whole range, so they do not)."""
-    return all(int(u[r:r + 4096].min()) >= 96 and int(u[r:r + 4096].max()) < 160 for r in range(0, len(u), 4096))
+def _narrow_bits(u: np.ndarray, group: int) -> int:
+    """The fewest bits, 5 or 6, in which int8 values (u = q + 128) all lie in [-2^(b-1), 2^(b-1)),
+    losslessly (5 with groups of 32 only: Q5_K's); 8 where neither fits. Any int8 matrix may (a
+    Q8_0's or the int8 conversion's take the whole range, so they do not)."""
+    low = min(int(u[r:r + 4096].min()) for r in range(0, len(u), 4096))
+    high = max(int(u[r:r + 4096].max()) for r in range(0, len(u), 4096))
+    for bits in (5, 6) if group == 32 else (6,):
+        if low >= 128 - (1 << (bits - 1)) and high < 128 + (1 << (bits - 1)):
+            return bits
+    return 8
 
 
 def _column_split(node: ov.Node) -> tuple[ov.Node, list[int]] | None:
@@ -212,9 +218,9 @@ def _lowbit_node(factory: NodeFactory, x: ov.Output, q: ov.Node, scale: ov.Node,
     signed = _SIGNED[q.get_element_type()]
     bias = (1 << (bits - 1)) if signed else 0
     u = pack.unsigned(q.get_data(), rows, k, bits, signed)
-    if bits == 8 and signed and _fits_six_bits(u):  # Q6_K's values, which the loader widens to int8
-        u -= 128 - 32
-        bits, bias = 6, 32
+    if bits == 8 and signed and (narrow := _narrow_bits(u, group)) < 8:  # Q5_K's and Q6_K's values, widened to int8
+        bits, bias = narrow, 1 << (narrow - 1)
+        u -= 128 - bias
     packed = ops.constant(pack.pack_weights(u, bits, group))
     floats, layout = _float_inputs(scale, offset, rows, groups, group)
     inputs = [x, packed.output(0), *(ops.constant(f).output(0) for f in floats)]
