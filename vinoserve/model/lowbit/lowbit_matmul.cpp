@@ -8,11 +8,12 @@
 // (its own f32 gemv streams 21 GB/s); this one reads the packed weights once and runs at the memory's
 // pace (vinoserve/model/lowbit/__init__.py has the figures).
 //
-// Attributes: n, k, bits (4, 6 or 8), group (16 or 32), bias (what makes a weight unsigned),
-// block, centre and factor_bits (K-quants' factored scales), planes: x quantized to 1 or 2 int8 planes, or 0:
-// as many as the last input says, a scalar the runner sets each step (engine/model_runner.py,
-// ModelRunner.planes); prefetch: how far ahead the weights are fetched, in bytes; parts: the
-// outputs' widths where the product is split along its columns (whole tiles; empty: one output).
+// Attributes: n, k, bits (4, 5, 6 or 8; 5 with groups of 32), group (16 or 32), bias (what makes a
+// weight unsigned), block, centre and factor_bits (K-quants' factored scales), planes: x quantized
+// to 1 or 2 int8 planes, or 0: as many as the last input says, a scalar the runner sets each step
+// (engine/model_runner.py, ModelRunner.planes); prefetch: how far ahead the weights are fetched,
+// in bytes; parts: the outputs' widths where the product is split along its columns (whole tiles;
+// empty: one output).
 #include <cstdint>
 #include <vector>
 

@@ -98,8 +98,8 @@ def _gather_attributes(q: ov.Node) -> dict:
 
 def _narrow_bits(u: np.ndarray, group: int) -> int:
     """The fewest bits, 5 or 6, in which int8 values (u = q + 128) all lie in [-2^(b-1), 2^(b-1)),
-    losslessly (5 with groups of 32 only: Q5_K's); 8 where neither fits. Any int8 matrix may (a
-    Q8_0's or the int8 conversion's take the whole range, so they do not)."""
+    losslessly (5 with groups of 32 only: Q5_K's, Q5_0's, Q5_1's; 6: Q6_K's); 8 where neither
+    fits. Any int8 matrix may (a Q8_0's or the int8 conversion's take the whole range, so they do not)."""
     low = min(int(u[r:r + 4096].min()) for r in range(0, len(u), 4096))
     high = max(int(u[r:r + 4096].max()) for r in range(0, len(u), 4096))
     for bits in (5, 6) if group == 32 else (6,):
@@ -218,7 +218,7 @@ def _lowbit_node(factory: NodeFactory, x: ov.Output, q: ov.Node, scale: ov.Node,
     signed = _SIGNED[q.get_element_type()]
     bias = (1 << (bits - 1)) if signed else 0
     u = pack.unsigned(q.get_data(), rows, k, bits, signed)
-    if bits == 8 and signed and (narrow := _narrow_bits(u, group)) < 8:  # Q5_K's and Q6_K's values, widened to int8
+    if bits == 8 and signed and (narrow := _narrow_bits(u, group)) < 8:  # 5- and 6-bit values widened to int8
         bits, bias = narrow, 1 << (narrow - 1)
         u -= 128 - bias
     packed = ops.constant(pack.pack_weights(u, bits, group))
