@@ -100,8 +100,11 @@ def _narrow_bits(u: np.ndarray, group: int) -> int:
     """The fewest bits, 5 or 6, in which int8 values (u = q + 128) all lie in [-2^(b-1), 2^(b-1)),
     losslessly (5 with groups of 32 only: Q5_K's, Q5_0's, Q5_1's; 6: Q6_K's); 8 where neither
     fits. Any int8 matrix may (a Q8_0's or the int8 conversion's take the whole range, so they do not)."""
-    low = min(int(u[r:r + 4096].min()) for r in range(0, len(u), 4096))
-    high = max(int(u[r:r + 4096].max()) for r in range(0, len(u), 4096))
+    low, high = 255, 0
+    for r in range(0, len(u), 4096):  # slices: one pass, no full-size temporaries
+        low, high = min(low, int(u[r:r + 4096].min())), max(high, int(u[r:r + 4096].max()))
+        if low < 96 or high >= 160:  # not even 6 bits (a Q8_0's, the int8 conversion's)
+            return 8
     for bits in (5, 6) if group == 32 else (6,):
         if low >= 128 - (1 << (bits - 1)) and high < 128 + (1 << (bits - 1)):
             return bits
