@@ -103,7 +103,8 @@ def test_prompt_tokens_are_counted_as_soon_as_the_prompt_is_computed(server):
 def _spawn_chat(*args: str):
     """The chat over pipes, not a pseudo-terminal: CI's sandbox gave a pty child nothing but EOF.
     Ctrl-C is the SIGINT a terminal would send (`child.kill(signal.SIGINT)`)."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH")]))}
     child = PopenSpawn([sys.executable, "-m", "vinoserve.cli", "chat", *args], env=env, encoding="utf-8",
                        timeout=120)
     try:

@@ -118,7 +118,7 @@ def fault_server(tiny):  # noqa: F811
     log = open(os.devnull, "w")
     proc = subprocess.Popen([sys.executable, str(HERE / "fault_server.py"), "--model", path, "--port", str(port),
                              "--kv-cache-size", "0.05"], stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE)])})
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH")]))})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

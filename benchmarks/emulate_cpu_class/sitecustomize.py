@@ -1,0 +1,54 @@
+"""Run anything (the suite, a benchmark, a server) as it would go on another CPU class, on this
+machine: a check that a change keeps the suite and the built-in model's answers on classes the
+session has no machine of. Not a measurement of speed: the kernels run on this CPU.
+
+    PYTHONPATH=$PWD/benchmarks/emulate_cpu_class VINOSERVE_EMULATE_CLASS=AVX-512 \
+        ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI python -m pytest -q       # Cascade / Ice Lake
+    PYTHONPATH=$PWD/benchmarks/emulate_cpu_class VINOSERVE_EMULATE_CLASS=AVX2 \
+        ONEDNN_MAX_CPU_ISA=AVX2 python -m pytest -q                   # Zen 2 / 3, Haswell to Skylake client
+
+ONEDNN_MAX_CPU_ISA caps the plugin's kernels; the plugin's own choices read CPUID instead, so here
+they are made as that class's CPUs make them: f32 compute whatever the hint (no bf16 or f16
+arithmetic there), and on AVX2 no int8 activations (no VNNI on Zen 2 / 3; AVX-512's class has it).
+vinoserve sees the class's flags (cpu_defaults.cpu_flags), so its defaults and its kernel's build
+(which needs AVX-512 VNNI) follow the class. Python imports this module at start-up from
+PYTHONPATH; a child process keeps it where it inherits the environment.
+"""
+import os
+
+_CLASS = os.environ.get("VINOSERVE_EMULATE_CLASS")
+_FLAGS = {
+    "AVX2": {"sse4_2", "avx", "avx2", "fma", "f16c"},
+    "AVX-512": {"sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl",
+                "avx512_vnni"},
+}
+
+if _CLASS:
+    import openvino as ov
+
+    from vinoserve.model import cpu_defaults
+
+    if _CLASS not in _FLAGS:
+        raise SystemExit(f"VINOSERVE_EMULATE_CLASS={_CLASS!r}: one of {', '.join(_FLAGS)}")
+    _cpu_flags, _compile, _get_property = cpu_defaults.cpu_flags, ov.Core.compile_model, ov.Core.get_property
+
+    def _flags(cpuinfo=None):
+        return frozenset(_FLAGS[_CLASS]) if cpuinfo is None else _cpu_flags(cpuinfo)
+
+    def _compile_model(self, model, device_name=None, config=None, **kwargs):
+        config = dict(config or {})
+        if device_name in (None, "CPU"):
+            config["INFERENCE_PRECISION_HINT"] = "f32"
+            if _CLASS == "AVX2":
+                config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = "0"
+        return _compile(self, model, device_name, config, **kwargs)
+
+    def _property(self, *args):
+        if len(args) == 2 and args[0] == "CPU" and args[1] == "INFERENCE_PRECISION_HINT":
+            return ov.Type.f32
+        return _get_property(self, *args)
+
+    cpu_defaults.cpu_flags = _flags
+    cpu_defaults.this_cpu.cache_clear()
+    ov.Core.compile_model = _compile_model
+    ov.Core.get_property = _property
