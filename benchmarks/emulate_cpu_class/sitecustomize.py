@@ -9,7 +9,8 @@ session has no machine of. Not a measurement of speed: the kernels run on this C
 
 ONEDNN_MAX_CPU_ISA caps the plugin's kernels; the plugin's own choices read CPUID instead, so here
 they are made as that class's CPUs make them: f32 compute whatever the hint (no bf16 or f16
-arithmetic there), and on AVX2 no int8 activations (no VNNI on Zen 2 / 3; AVX-512's class has it).
+arithmetic there), and on AVX2 no int8 activations (no VNNI on Zen 2 / 3; Alder Lake's AVX-VNNI is
+not emulated; the AVX-512 class has VNNI).
 vinoserve sees the class's flags (cpu_defaults.cpu_flags), so its defaults and its kernel's build
 (which needs AVX-512 VNNI) follow the class. Python imports this module at start-up from
 PYTHONPATH; a child process keeps it where it inherits the environment.
