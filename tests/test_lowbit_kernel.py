@@ -217,6 +217,44 @@ def test_the_planes_input_quantizes_x_in_two_planes_or_one(kernel, element, grou
     np.testing.assert_allclose(one_row, product(_two_planes(x[:1], group)), rtol=0, atol=2e-5 * np.abs(exact).max())
 
 
+def test_in_a_step_of_two_planes_the_mlps_gate_and_up_take_two_on_the_sampled_rows_alone(kernel):
+    """A product feeding an activation (gate, fused with up) reads the rows whose logits the step
+    reads (paged.SAMPLED_INDICES): in a step of two planes those rows take two and the others one,
+    each bit for bit as in a step that gives all rows the same count; in a step of one, all one."""
+    rng = np.random.default_rng(12)
+    source, scaled, _ = _matmul(192, 512, 32, ov.Type.i4, np.float16, None, rng)
+    split = ops.variadic_split(source.get_results()[0].input_value(0), ops.constant(np.int64(-1)),
+                               ops.constant(np.array([96, 96], np.int64)))
+    sampled = ops.parameter([-1], ov.Type.i64)
+    planes = ops.parameter([], ov.Type.i32)
+    model = ov.Model([ops.swish(split.output(0)).output(0), split.output(1)],
+                     [*source.get_parameters(), sampled, planes])
+    del source  # and its Result
+    core = ov.Core()
+    assert lowbit.use_kernel(model, core, planes.output(0), sampled=sampled.output(0)) == 1
+    node, = (n for n in model.get_ordered_ops() if n.get_type_name() == lowbit.OP)
+    assert node.get_attributes()["sampled"] == 1 and node.get_attributes()["planes"] == 0
+    compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    x = rng.standard_normal((23, 512)).astype(np.float32)
+
+    def up(rows: list[int], count: int) -> np.ndarray:
+        return compiled([x, np.array(rows, np.int64), np.array(count, np.int32)])[1]
+    every = list(range(len(x)))
+    fine, coarse = up(every, 2), up(every, 1)
+    exact = x.astype(np.float64) @ scaled[96:].T.astype(np.float64)
+    tol = 2e-5 * np.abs(exact).max()
+    np.testing.assert_allclose(fine, _two_planes(x, 32).astype(np.float64) @ scaled[96:].T.astype(np.float64), rtol=0, atol=tol)
+    np.testing.assert_allclose(coarse, _int8_activations(x, 32).astype(np.float64) @ scaled[96:].T.astype(np.float64),
+                               rtol=0, atol=tol)
+    # out of range and repeated indices ignored; 21 rows in pairs of tiles, 2 a tile at a time
+    mixed = up([20, 4, 20, -1, 99], 2)
+    for r in every:
+        np.testing.assert_array_equal(mixed[r], (fine if r in (4, 20) else coarse)[r])
+    np.testing.assert_array_equal(up([4, 20], 1), coarse)  # a step of one plane: every row one
+    np.testing.assert_array_equal(up([], 2), coarse)  # none sampled: every row one
+    np.testing.assert_array_equal(up([0], 2)[:1], fine[:1])
+
+
 @pytest.fixture(scope="module")
 def q4_k(tmp_path_factory) -> GGUFModel:
     """A tiny Llama llama-quantize made Q4_K_M: Q4_K, Q5_K (offsets), Q6_K (groups of 16)."""
@@ -321,9 +359,11 @@ def test_on_avx512_bf16_one_f32_compilation_runs_every_low_bit_matmul_on_the_ker
     assert types.count("Reference") == 2 * 6 + 1 + 1 and not any(t.startswith("FullyConnected") for t in types)
     assert "GatherCompressed" not in types  # the Q4_K token table's rows: the library's gather (test_lowbit_gather.py)
     assert [n.get_type_name() for n in graph.get_ordered_ops()].count("LowBitGather") == 1
-    planes = collections.Counter(n.get_attributes()["planes"] for n in graph.get_ordered_ops()
-                                 if n.get_type_name() == lowbit.OP)
-    assert planes == {0: 2 * 6, 2: 1}  # each step's count from the lowbit_planes input; the LM head: always two
+    planes = collections.Counter((n.get_attributes()["planes"], n.get_attributes()["sampled"])
+                                 for n in graph.get_ordered_ops() if n.get_type_name() == lowbit.OP)
+    # each step's count from the lowbit_planes input (each layer's gate with up: two on the
+    # sampled rows only); the LM head: always two
+    assert planes == {(0, 0): 2 * 5, (0, 1): 2, (2, 0): 1}
     assert {n.get_attributes()["prefetch"] for n in graph.get_ordered_ops() if n.get_type_name() == lowbit.OP} == {4096}
     assert lowbit.PLANES in model.input_names
 

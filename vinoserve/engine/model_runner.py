@@ -173,7 +173,8 @@ class ModelRunner:
         prompt tokens, and where one sequence decodes, whose step reads the weights from memory
         and hides the second plane's products (Zen 5: 1.5B Q4_0 and the built-in model 0.99-1.01x
         the time; one plane there moved long-context perplexity 1-2% off f32's either way). Steps
-        of several sequences decoding take one, llama.cpp's (4 and 16 sequences: 0.78x the time)."""
+        of several sequences decoding take one, llama.cpp's (4 and 16 sequences: 0.78x the time).
+        In a step of two, the MLP's gate and up take two on the sampled rows only (model/lowbit)."""
         return 2 if len(chunks) == 1 or any(c.prompt for c in chunks) else 1
 
     def start(self, step: PreparedStep, fill: Sequence[int] = ()) -> None:

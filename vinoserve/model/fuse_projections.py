@@ -48,20 +48,21 @@ def fuse_projections(model: ov.Model, activation_inputs: bool = False) -> int:
                 groups[node.input_value(0)].append(node)
     fused = 0
     for source, matmuls in groups.items():
-        if len(matmuls) > 1 and (activation_inputs or not any(map(_feeds_activation, matmuls))) and _fuse(source, matmuls):
+        if len(matmuls) > 1 and (activation_inputs or not any(feeds_activation(m.output(0)) for m in matmuls)) and _fuse(source, matmuls):
             fused += 1
     if fused:
         model.validate_nodes_and_infer_types()
     return fused
 
 
-def _feeds_activation(node: ov.Node) -> bool:
-    """Directly, or through the Add of a block-offset correction (block_offsets.py)."""
-    for t in node.output(0).get_target_inputs():
+def feeds_activation(output: ov.Output) -> bool:
+    """Whether `output` is an activation's input: directly, or through the Add of a block-offset
+    correction (block_offsets.py)."""
+    for t in output.get_target_inputs():
         consumer = t.get_node()
         if consumer.get_type_name() in _ACTIVATIONS:
             return True
-        if consumer.get_type_name() == "Add" and _feeds_activation(consumer):
+        if consumer.get_type_name() == "Add" and feeds_activation(consumer.output(0)):
             return True
     return False
 

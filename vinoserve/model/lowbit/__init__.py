@@ -27,14 +27,16 @@ __all__ = ["OP", "PLANES", "Unavailable", "kernel_graph", "use_kernel"]
 
 # The main compilation's input on AVX512_BF16 CPUs: 2 (x in two int8 planes, near f32) where a
 # step computes prompt tokens or one sequence decodes, 1 (llama.cpp's one plane) where several
-# decode (engine/model_runner.py, ModelRunner.planes).
+# decode (engine/model_runner.py, ModelRunner.planes). In a step of two, the MLP's gate and up
+# products take two on the rows whose logits are read only (kernel_graph's `sampled`).
 PLANES = "lowbit_planes"
 
 
 def use_kernel(model: ov.Model, core: ov.Core, planes: ov.Output | None = None, prefetch: int = 1024,
-               gathers: bool = True) -> int:
+               gathers: bool = True, sampled: ov.Output | None = None) -> int:
     """In place: the model's low-bit MatMuls on the kernel, registered with `core`; x in one int8
-    plane, or in as many as the scalar `planes` says and the logits' in two; weights prefetched
+    plane, or in as many as the scalar `planes` says and the logits' in two (the MLP's gate and up
+    in two on the `sampled` rows only, where given: rewrite.replace_matmuls); weights prefetched
     `prefetch` bytes ahead; with `gathers`, its low-bit token table's rows read by the library's
     gather (rewrite.replace_gathers). Returns how many MatMuls; raises Unavailable (the model untouched) where it
     cannot be built or run here."""
@@ -42,18 +44,20 @@ def use_kernel(model: ov.Model, core: ov.Core, planes: ov.Output | None = None, 
     core.add_extension(path)  # again on the same core is harmless
     factory = NodeFactory()
     factory.add_extension(path)
-    count = replace_matmuls(model, factory, planes, prefetch)
+    count = replace_matmuls(model, factory, planes, prefetch, sampled)
     if gathers:
         replace_gathers(model, factory)
     return count
 
 
 def kernel_graph(model: ov.Model, core: ov.Core, fuse: bool, planes: bool = False, prefetch: int = 1024,
-                 gathers: bool = True) -> int:
+                 gathers: bool = True, sampled: str | None = None) -> int:
     """In place, a graph fresh from paged_attention_transformation: gate and up fused (`fuse`),
     the low-bit MatMuls on the kernel, and the block offsets of what it does not take split as
     the plugin's graph has them. With `planes`, an input PLANES (i32 scalar, 1 or 2) sets how
-    many int8 planes x is quantized to each step. Returns how many; raises Unavailable."""
+    many int8 planes x is quantized to each step; `sampled`: the name of the input listing the
+    rows whose logits a step reads, the only ones the MLP's gate and up take in two planes.
+    Returns how many; raises Unavailable."""
     library()  # before the graph changes: where it cannot be built, the caller keeps the plugin's
     if fuse:
         projections.fuse_projections(model, activation_inputs=True)
@@ -62,7 +66,8 @@ def kernel_graph(model: ov.Model, core: ov.Core, fuse: bool, planes: bool = Fals
         scalar = ops.parameter([], ov.Type.i32, name=PLANES)
         scalar.output(0).set_names({PLANES})
         model.add_parameters([scalar])
-    count = use_kernel(model, core, None if scalar is None else scalar.output(0), prefetch, gathers)
+    rows = next((p.output(0) for p in model.get_parameters() if sampled in p.output(0).get_names()), None)
+    count = use_kernel(model, core, None if scalar is None else scalar.output(0), prefetch, gathers, rows)
     if scalar is not None and not count:
         model.remove_parameter(scalar)
     split_block_offsets(model)

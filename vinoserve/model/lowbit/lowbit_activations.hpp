@@ -63,11 +63,12 @@ int32_t quantize_rest(const float* rest, size_t group, float d1, int8_t* q) {
     return _mm512_reduce_add_epi32(sum);
 }
 
+// One row's k values at x, as row r of `a`.
 void quantize_row(const float* x, size_t r, size_t k, size_t group, int planes, Activations& a) {
     const size_t groups = k / group;
     float rest[32];
     for (size_t g = 0; g < groups; g++) {
-        const float* v = x + r * k + g * group;
+        const float* v = x + g * group;
         const size_t at = r * groups + g;
         __m512 total = _mm512_setzero_ps();
         for (size_t i = 0; i < group; i += 16) total = _mm512_add_ps(total, _mm512_loadu_ps(v + i));
@@ -85,19 +86,20 @@ void quantize_row(const float* x, size_t r, size_t k, size_t group, int planes, 
 // the first's rounding left, at a scale 256 times finer (x = d1 q1 + d1 / 256 q2 to ~2^-16 of the
 // group's largest value: closer to f32 than bf16's 2^-9, for twice the dot products). Buffers of
 // its own per call (a few KiB a decode step): a thread waiting in parallel_for may run another
-// node's call, so a thread's buffer could be rewritten under its readers.
-Activations quantize(const float* x, size_t rows, size_t k, size_t group, int planes) {
+// node's call, so a thread's buffer could be rewritten under its readers. `pick`: which row of x
+// each of the `rows` is (nullptr: the first `rows`).
+Activations quantize(const float* x, size_t rows, size_t k, size_t group, int planes, const size_t* pick = nullptr) {
     const size_t groups = k / group;
     Activations a{std::unique_ptr<int8_t[]>(new int8_t[rows * planes * k]),
                   std::unique_ptr<float[]>(new float[rows * groups]),
                   std::unique_ptr<int32_t[]>(new int32_t[rows * groups]),
                   std::unique_ptr<float[]>(new float[rows * groups])};
     if (rows < PAIR_ROWS) {
-        for (size_t r = 0; r < rows; r++) quantize_row(x, r, k, group, planes, a);
+        for (size_t r = 0; r < rows; r++) quantize_row(x + (pick ? pick[r] : r) * k, r, k, group, planes, a);
         return a;
     }
     tbb::parallel_for(tbb::blocked_range<size_t>(0, rows), [&](const tbb::blocked_range<size_t>& range) {
-        for (size_t r = range.begin(); r != range.end(); r++) quantize_row(x, r, k, group, planes, a);
+        for (size_t r = range.begin(); r != range.end(); r++) quantize_row(x + (pick ? pick[r] : r) * k, r, k, group, planes, a);
     }, tbb::static_partitioner());
     return a;
 }

@@ -149,13 +149,15 @@ struct Outputs {
     float* data[MAX];
     size_t n[MAX], first_tile[MAX];
     int parts;
+    const size_t* rows = nullptr;  // y's row for each row of the activations (nullptr: the same)
 };
 
 inline void store(const Outputs& y, size_t t, size_t row, const __m512& acc) {
     int p = 0;
     while (p + 1 < y.parts && t >= y.first_tile[p + 1]) p++;
     const size_t col = (t - y.first_tile[p]) * 16, live = std::min<size_t>(16, y.n[p] - col);
-    _mm512_mask_storeu_ps(y.data[p] + row * y.n[p] + col, static_cast<__mmask16>((1u << live) - 1), acc);
+    const size_t at = y.rows ? y.rows[row] : row;
+    _mm512_mask_storeu_ps(y.data[p] + at * y.n[p] + col, static_cast<__mmask16>((1u << live) - 1), acc);
 }
 
 // Tile t against MB rows of x from row m0, groups outermost (a group's weights unpacked into
@@ -324,6 +326,44 @@ TileFn pick_planes(int bits, int group) {
 
 TileFn pick(int bits, int group, int planes) {
     return planes == 1 ? pick_planes<1>(bits, group) : planes == 2 ? pick_planes<2>(bits, group) : nullptr;
+}
+
+// Rows of x taken in one count of planes: their activations, and where their outputs go.
+struct RowSet {
+    Activations a;
+    size_t rows;
+    TileFn fn;
+    Outputs y;
+    std::vector<size_t> picked;  // the rows of x (empty: all of them, in order)
+};
+
+RowSet row_set(const float* x, const Weights& w, size_t rows, int planes, std::vector<size_t> picked, const Outputs& y) {
+    const size_t count = picked.empty() ? rows : picked.size();
+    RowSet set{quantize(x, count, w.k, w.group, planes, picked.empty() ? nullptr : picked.data()), count,
+               pick(w.bits, w.group, planes), y, std::move(picked)};
+    set.y.rows = set.picked.empty() ? nullptr : set.picked.data();
+    return set;
+}
+
+// Every set against every tile: one contiguous share of the tiles a thread (the rows are equal
+// work, and a step's ~200 calls each pay the split), each tile (or pair, from PAIR_ROWS rows)
+// against each set in turn while its weights are in cache.
+void multiply(const Weights& w, const std::vector<RowSet>& sets) {
+    const size_t tiles = (w.n + 15) / 16;
+    const bool paired = std::any_of(sets.begin(), sets.end(), [](const RowSet& s) { return s.rows >= PAIR_ROWS; });
+    const size_t step = paired ? 2 : 1, units = (tiles + step - 1) / step;
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, units), [&](const tbb::blocked_range<size_t>& r) {
+        for (size_t i = r.begin(); i != r.end(); i++) {
+            const size_t t = i * step, end = std::min(t + step, tiles);
+            for (const RowSet& s : sets) {
+                if (s.rows >= PAIR_ROWS) {
+                    s.fn(w, s.a, s.rows, t, end - t == 2, s.y);
+                } else {
+                    for (size_t u = t; u < end; u++) s.fn(w, s.a, s.rows, u, false, s.y);
+                }
+            }
+        }
+    }, tbb::static_partitioner());
 }
 
 }  // namespace

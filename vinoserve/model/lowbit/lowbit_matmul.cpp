@@ -13,7 +13,10 @@
 // to 1 or 2 int8 planes, or 0: as many as the last input says, a scalar the runner sets each step
 // (engine/model_runner.py, ModelRunner.planes); prefetch: how far ahead the weights are fetched,
 // in bytes; parts: the outputs' widths where the product is split along its columns (whole tiles;
-// empty: one output).
+// empty: one output); sampled (with the planes input): 1 where the input before it lists the rows
+// of x whose logits the step reads (paged.SAMPLED_INDICES): in a step of two planes only those
+// take two, the others one (the MLP's gate and up products, whose one plane on a prompt's rows
+// reads it at 1.25x; rewrite.py).
 #include <cstdint>
 #include <vector>
 
@@ -39,9 +42,14 @@ public:
         NODE_VALIDATION_CHECK(this, m_factor_bits == 8 || (m_factor_bits == 6 && m_block), "factor_bits is 8, or 6 with block");
         NODE_VALIDATION_CHECK(this, m_planes >= 0 && m_planes <= 2, "planes is 1, 2 or 0 (an input)");
         NODE_VALIDATION_CHECK(this, m_prefetch >= 0 && m_prefetch <= 65536, "prefetch is a distance in bytes, up to 64 KiB");
-        NODE_VALIDATION_CHECK(this, float_inputs() == 1 || float_inputs() == 2, "x, weights, scales [, offsets] [, planes]");
+        NODE_VALIDATION_CHECK(this, float_inputs() == 1 || float_inputs() == 2, "x, weights, scales [, offsets] [, sampled] [, planes]");
         NODE_VALIDATION_CHECK(this, m_planes != 0 || get_input_element_type(get_input_size() - 1) == ov::element::i32,
                               "planes is an i32 input");
+        // i64 as the graph gives them, i32 as the plugin's precision pass may leave them
+        NODE_VALIDATION_CHECK(this, m_sampled == 0 || (m_sampled == 1 && m_planes == 0 &&
+                                                       (get_input_element_type(sampled_input()) == ov::element::i64 ||
+                                                        get_input_element_type(sampled_input()) == ov::element::i32)),
+                              "sampled is 0, or 1 with the planes input and the sampled rows' indices before it");
         const auto scales = get_input_element_type(2);
         NODE_VALIDATION_CHECK(this, scales == ov::element::u8 || (!m_block && scales == ov::element::f32),
                               "scales are f32, or bytes: f16s or (block > 0) their factors");
@@ -65,7 +73,7 @@ public:
         auto op = std::make_shared<LowBitMatMul>();
         op->set_arguments(args);
         op->m_n = m_n; op->m_k = m_k; op->m_bits = m_bits; op->m_group = m_group; op->m_bias = m_bias; op->m_block = m_block; op->m_centre = m_centre; op->m_factor_bits = m_factor_bits;
-        op->m_planes = m_planes; op->m_prefetch = m_prefetch; op->m_parts = m_parts;
+        op->m_planes = m_planes; op->m_prefetch = m_prefetch; op->m_parts = m_parts; op->m_sampled = m_sampled;
         op->constructor_validate_and_infer_types();
         return op;
     }
@@ -82,6 +90,7 @@ public:
         v.on_attribute("planes", m_planes);
         v.on_attribute("prefetch", m_prefetch);
         v.on_attribute("parts", m_parts);
+        v.on_attribute("sampled", m_sampled);
         return true;
     }
 
@@ -106,21 +115,35 @@ public:
                   static_cast<int>(m_bits), static_cast<int>(m_group), static_cast<int>(m_bias), static_cast<int>(m_centre), block_shift(), static_cast<int>(m_factor_bits),
                   static_cast<size_t>(m_n), static_cast<size_t>(m_k), static_cast<size_t>(m_prefetch)};
         const int planes = (m_planes ? m_planes : inputs.back().data<const int32_t>()[0]) == 2 ? 2 : 1;
-        const Activations a = quantize(inputs[0].data<float>(), rows, w.k, w.group, planes);
-        const TileFn fn = pick(w.bits, w.group, planes);
-        const size_t tiles = (w.n + 15) / 16;
-        // tiles in pairs from PAIR_ROWS rows of x (lowbit_kernels.hpp)
-        const size_t step = rows >= PAIR_ROWS ? 2 : 1, units = (tiles + step - 1) / step;
-        // One contiguous share of the tiles a thread: the rows are equal work, and a step's
-        // ~200 calls each pay the split.
-        tbb::parallel_for(tbb::blocked_range<size_t>(0, units), [&](const tbb::blocked_range<size_t>& r) {
-            for (size_t i = r.begin(); i != r.end(); i++) fn(w, a, rows, i * step, step == 2 && i * step + 1 < tiles, y);
-        }, tbb::static_partitioner());
+        const float* x = inputs[0].data<float>();
+        std::vector<RowSet> sets;
+        std::vector<size_t> fine, coarse;
+        if (m_sampled && planes == 2) split_rows(inputs[sampled_input()], rows, fine, coarse);
+        if (fine.empty() || coarse.empty()) {  // one set: all rows at `planes`, or none listed, all at one
+            sets.push_back(row_set(x, w, rows, fine.empty() && !coarse.empty() ? 1 : planes, {}, y));
+        } else {
+            sets.push_back(row_set(x, w, rows, 1, std::move(coarse), y));
+            sets.push_back(row_set(x, w, rows, 2, std::move(fine), y));
+        }
+        multiply(w, sets);
         return true;
     }
 
 private:
-    size_t float_inputs() const { return get_input_size() - 2 - (m_planes == 0); }  // scales [, offsets]
+    size_t float_inputs() const { return get_input_size() - 2 - (m_planes == 0) - m_sampled; }  // scales [, offsets]
+
+    size_t sampled_input() const { return get_input_size() - 2; }
+
+    // The rows `listed` (those in range, once each), and the others, in order.
+    static void split_rows(const ov::Tensor& listed, size_t rows, std::vector<size_t>& fine, std::vector<size_t>& coarse) {
+        std::vector<char> is_fine(rows, 0);
+        for (size_t i = 0; i < listed.get_size(); i++) {
+            const int64_t r = listed.get_element_type() == ov::element::i64 ? listed.data<const int64_t>()[i]
+                                                                            : listed.data<const int32_t>()[i];
+            if (r >= 0 && static_cast<size_t>(r) < rows) is_fine[r] = 1;
+        }
+        for (size_t r = 0; r < rows; r++) (is_fine[r] ? fine : coarse).push_back(r);
+    }
 
     std::vector<int64_t> parts() const { return m_parts.empty() ? std::vector<int64_t>{m_n} : m_parts; }
 
@@ -131,7 +154,7 @@ private:
     }
 
     int64_t m_n = 0, m_k = 0, m_bits = 4, m_group = 32, m_bias = 0, m_block = 0, m_centre = 0, m_factor_bits = 8, m_planes = 1,
-            m_prefetch = 1024;
+            m_prefetch = 1024, m_sampled = 0;
     std::vector<int64_t> m_parts;  // the outputs' columns, in tiles' order; empty: one output of n
 };
 

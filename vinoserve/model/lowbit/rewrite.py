@@ -14,6 +14,7 @@ from openvino.utils.node_factory import NodeFactory
 
 from vinoserve.memory import release_freed_heap
 from vinoserve.model.block_offsets import is_axis0
+from vinoserve.model.fuse_projections import feeds_activation
 from vinoserve.model.lowbit import pack
 
 OP = "LowBitMatMul"
@@ -25,10 +26,12 @@ _CENTRES = (8, 16)  # weights.py's centring of Q4_K's and Q5_K's values (quantiz
 
 
 def replace_matmuls(model: ov.Model, factory: NodeFactory, planes: ov.Output | None = None,
-                    prefetch: int = 1024) -> int:
+                    prefetch: int = 1024, sampled: ov.Output | None = None) -> int:
     """In place. Returns how many MatMuls now run on the kernel. Each quantizes x in one int8
     plane, or (`planes` given) in as many as that scalar says, a step at a time; then the logits'
-    MatMul always takes two: its errors are the logits' (lowbit_matmul.cpp)."""
+    MatMul always takes two: its errors are the logits' (lowbit_matmul.cpp). With `sampled` (the
+    rows whose logits a step reads) as well, the products feeding an activation (the MLP's gate,
+    fused with up) take two planes on those rows only, one on the rest of a prompt's."""
     count = 0
     for node in model.get_ordered_ops():
         if node.get_type_name() != "MatMul" or node.get_attributes() != {"transpose_a": False, "transpose_b": True}:
@@ -37,9 +40,11 @@ def replace_matmuls(model: ov.Model, factory: NodeFactory, planes: ov.Output | N
         if found is None or node.get_output_element_type(0) != ov.Type.f32:
             continue
         split = _column_split(node)
+        gate = any(map(feeds_activation, node.outputs() if split is None else split[0].outputs()))
         lowbit = _lowbit_node(factory, node.input_value(0), *found,
                               None if planes is None else 2 if _gives_logits(node) else planes,
-                              [] if split is None else split[1], prefetch)
+                              [] if split is None else split[1], prefetch,
+                              sampled if gate and isinstance(planes, ov.Output) else None)
         lowbit.set_friendly_name(node.get_friendly_name())
         for i, output in enumerate([node.output(0)] if split is None else split[0].outputs()):
             output.replace(lowbit.output(i))
@@ -212,9 +217,11 @@ def _factored(scale: ov.Node, offset: ov.Node | None, rows: int, groups: int,
 
 
 def _lowbit_node(factory: NodeFactory, x: ov.Output, q: ov.Node, scale: ov.Node, offset: ov.Node | None,
-                 planes: ov.Output | int | None, parts: list[int], prefetch: int) -> ov.Node:
+                 planes: ov.Output | int | None, parts: list[int], prefetch: int,
+                 sampled: ov.Output | None = None) -> ov.Node:
     """`planes`: a fixed count, or the scalar input that gives it (None: one); `parts`: the
-    outputs' widths (empty: one output); `prefetch`: the CPU class's distance (cpu_defaults.py)."""
+    outputs' widths (empty: one output); `prefetch`: the CPU class's distance (cpu_defaults.py);
+    `sampled` (with a planes input): the rows that take two planes when it says two."""
     rows, groups, group = (int(d) for d in q.get_output_shape(0))
     k = groups * group
     bits = q.get_element_type().bitwidth
@@ -227,8 +234,11 @@ def _lowbit_node(factory: NodeFactory, x: ov.Output, q: ov.Node, scale: ov.Node,
     packed = ops.constant(pack.pack_weights(u, bits, group))
     floats, layout = _float_inputs(scale, offset, rows, groups, group)
     inputs = [x, packed.output(0), *(ops.constant(f).output(0) for f in floats)]
+    if sampled is not None:
+        inputs.append(sampled)
     if isinstance(planes, ov.Output):
         inputs.append(planes)
     count = 0 if isinstance(planes, ov.Output) else planes or 1
     return factory.create(OP, inputs, {"n": rows, "k": k, "bits": bits, "group": group, "bias": bias,
-                                       "planes": count, "prefetch": prefetch, "parts": parts, **layout})
+                                       "planes": count, "prefetch": prefetch, "parts": parts,
+                                       "sampled": int(sampled is not None), **layout})
