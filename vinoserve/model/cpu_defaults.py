@@ -87,6 +87,9 @@ DEFAULTS: dict[CpuClass, ClassDefaults] = {
     # long-context perplexity 1.0000x f32's (one-plane decode steps left it 0.99-1.02x by chance;
     # bf16 without int8 activations 1.008x, with the plugin's 1.029x: issue 36, Zen 4). One plane
     # for prompts too read them at 3.7x; two planes 3.1x since 11-28 (registers kept, no spills).
+    # The MLP's gate and up in one plane on a prompt's rows whose logits are not read (model/lowbit):
+    # a 1.5B Q4_K_M prompt step 0.80x the time (Q4_K_M 3.45x llama.cpp, Q4_0 4.13x), the first
+    # token 0.010 from f32's (40 of 40 the same), long-context perplexity 1.0008x f32's.
     # The kernel's prefetch 2 KiB ahead: 1.5B Q4_0 decode 1.044x 1 KiB's (one process, 8
     # alternating rounds, each faster; 4 KiB 1.042x), 2026-11-28; with the one-token clone, 4 KiB
     # against 2: 8B Q4_0 1.044x, 8B Q4_K_M 1.051x and 1.018x, 1.5B Q4_0 1.030x and 0.996x, Q4_K_M
