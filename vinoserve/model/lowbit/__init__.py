@@ -66,7 +66,7 @@ def kernel_graph(model: ov.Model, core: ov.Core, fuse: bool, planes: bool = Fals
         scalar = ops.parameter([], ov.Type.i32, name=PLANES)
         scalar.output(0).set_names({PLANES})
         model.add_parameters([scalar])
-    rows = next((p.output(0) for p in model.get_parameters() if sampled in p.output(0).get_names()), None)
+    rows = next((p.output(0) for p in model.get_parameters() if sampled and sampled in p.output(0).get_names()), None)
     count = use_kernel(model, core, None if scalar is None else scalar.output(0), prefetch, gathers, rows)
     if scalar is not None and not count:
         model.remove_parameter(scalar)

@@ -119,11 +119,11 @@ public:
         std::vector<RowSet> sets;
         std::vector<size_t> fine, coarse;
         if (m_sampled && planes == 2) split_rows(inputs[sampled_input()], rows, fine, coarse);
-        if (fine.empty() || coarse.empty()) {  // one set: all rows at `planes`, or none listed, all at one
-            sets.push_back(row_set(x, w, rows, fine.empty() && !coarse.empty() ? 1 : planes, {}, y));
-        } else {
+        if (!fine.empty() && !coarse.empty()) {
             sets.push_back(row_set(x, w, rows, 1, std::move(coarse), y));
             sets.push_back(row_set(x, w, rows, 2, std::move(fine), y));
+        } else {  // every row alike: at `planes`, or at one where none is listed
+            sets.push_back(row_set(x, w, rows, coarse.empty() ? planes : 1, {}, y));
         }
         multiply(w, sets);
         return true;
