@@ -6,7 +6,8 @@ import pytest
 
 from gguf_fixtures import tiny_hf_model, write_gguf
 from vinoserve.model import cpu_defaults
-from vinoserve.model.cpu_defaults import CpuClass, classify, cpu_flags, resolve
+from vinoserve.model.cpu_class import CpuClass, classify, cpu_flags
+from vinoserve.model.cpu_defaults import resolve
 from vinoserve.model.gguf_loader import GGUFModel
 from vinoserve.model.graph import build_model
 from vinoserve.model.compile_options import CompileOptions

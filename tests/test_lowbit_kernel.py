@@ -16,7 +16,7 @@ import pytest
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.model import cpu_defaults, lowbit
-from vinoserve.model.cpu_defaults import cpu_flags
+from vinoserve.model.cpu_class import CpuClass, cpu_flags
 from vinoserve.model.errors import ModelLoadError
 from vinoserve.model.gguf_loader import GGUFModel
 from vinoserve.model.graph import build_model
@@ -341,7 +341,7 @@ def test_where_it_cannot_be_built_the_plugin_runs_or_the_flag_fails_clearly(q4_k
 def _as_avx512_bf16(monkeypatch) -> None:
     """The CPU class whose defaults put the main compilation on the kernel (Zen 4 and 5), on any
     CPU the kernel runs on."""
-    monkeypatch.setattr(cpu_defaults, "this_cpu", lambda: cpu_defaults.CpuClass.AVX512_BF16)
+    monkeypatch.setattr(cpu_defaults, "this_cpu", lambda: CpuClass.AVX512_BF16)
 
 
 def test_on_avx512_bf16_one_f32_compilation_runs_every_low_bit_matmul_on_the_kernel(kernel, q4_k, monkeypatch):

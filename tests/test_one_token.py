@@ -12,6 +12,7 @@ from vinoserve.engine.model_runner import ModelRunner
 from vinoserve.engine.speculative import SpeculativeConfig
 from vinoserve.model import cpu_defaults, lowbit, one_token
 from vinoserve.model.compile_options import CompileOptions
+from vinoserve.model.cpu_class import CpuClass
 from vinoserve.scheduler.sampling_params import SamplingParams
 
 MODEL = str(Path(__file__).parent / "data" / "llamacpp-tiny-llama-Q4_K_M.gguf")
@@ -20,7 +21,7 @@ MODEL = str(Path(__file__).parent / "data" / "llamacpp-tiny-llama-Q4_K_M.gguf")
 @pytest.fixture
 def avx512_bf16(kernel, monkeypatch) -> None:
     """The CPU class whose defaults put the one compilation on the kernel, on any CPU it runs on."""
-    monkeypatch.setattr(cpu_defaults, "this_cpu", lambda: cpu_defaults.CpuClass.AVX512_BF16)
+    monkeypatch.setattr(cpu_defaults, "this_cpu", lambda: CpuClass.AVX512_BF16)
 
 
 def _engine(one_token: bool, speculative: SpeculativeConfig | None = None,

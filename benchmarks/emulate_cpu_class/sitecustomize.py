@@ -11,7 +11,7 @@ ONEDNN_MAX_CPU_ISA caps the plugin's kernels; the plugin's own choices read CPUI
 they are made as that class's CPUs make them: f32 compute whatever the hint (no bf16 or f16
 arithmetic there), and on AVX2 no int8 activations (no VNNI on Zen 2 / 3; Alder Lake's AVX-VNNI is
 not emulated; the AVX-512 class has VNNI).
-vinoserve sees the class's flags (cpu_defaults.cpu_flags), so its defaults and its kernel's build
+vinoserve sees the class's flags (cpu_class.cpu_flags), so its defaults and its kernel's build
 (which needs AVX-512 VNNI) follow the class. Python imports this module at start-up from
 PYTHONPATH; a child process keeps it where it inherits the environment.
 """
@@ -27,11 +27,11 @@ _FLAGS = {
 if _CLASS:
     import openvino as ov
 
-    from vinoserve.model import cpu_defaults
+    from vinoserve.model import cpu_class
 
     if _CLASS not in _FLAGS:
         raise SystemExit(f"VINOSERVE_EMULATE_CLASS={_CLASS!r}: one of {', '.join(_FLAGS)}")
-    _cpu_flags, _compile, _get_property = cpu_defaults.cpu_flags, ov.Core.compile_model, ov.Core.get_property
+    _cpu_flags, _compile, _get_property = cpu_class.cpu_flags, ov.Core.compile_model, ov.Core.get_property
 
     def _flags(cpuinfo=None):
         return frozenset(_FLAGS[_CLASS]) if cpuinfo is None else _cpu_flags(cpuinfo)
@@ -49,7 +49,7 @@ if _CLASS:
             return ov.Type.f32
         return _get_property(self, *args)
 
-    cpu_defaults.cpu_flags = _flags
-    cpu_defaults.this_cpu.cache_clear()
+    cpu_class.cpu_flags = _flags
+    cpu_class.this_cpu.cache_clear()
     ov.Core.compile_model = _compile_model
     ov.Core.get_property = _property

@@ -23,8 +23,8 @@ from vinoserve.engine.step_plan import Launch, SamplingRow
 from vinoserve.engine.text_output import TextOutput
 from vinoserve.engine.warm_up import warm_up
 from vinoserve.memory import release_freed_heap
+from vinoserve.model.cpu_class import this_cpu
 from vinoserve.model.loader import LoadedModel, load_model
-from vinoserve.model import cpu_defaults
 from vinoserve.scheduler.grammar import GrammarCompiler
 from vinoserve.scheduler.sampler import Sampler, SamplingState
 from vinoserve.scheduler.sampling_params import SamplingParams
@@ -88,7 +88,7 @@ class LLMEngine:
         log(f"KV cache: {num_blocks} blocks of {paged.block_size} tokens, {self.cache.nbytes / 2**30:.2f} GiB "
             f"({paged.layout.key_type.get_type_name()} keys, {paged.layout.value_type.get_type_name()} values)"
             + (f"; {paged.describe()}" if paged.describe() else "")
-            + (f"; defaults for CPU class {cpu_defaults.this_cpu().value}" if options.device == "CPU" else ""))
+            + (f"; defaults for CPU class {this_cpu().value}" if options.device == "CPU" else ""))
         release_freed_heap()  # the load's temporaries (see memory.py)
 
     @property

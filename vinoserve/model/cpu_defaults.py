@@ -9,47 +9,13 @@ user asks for always wins.
 """
 from __future__ import annotations
 
-import enum
-import functools
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import openvino as ov
 
+from vinoserve.model import decode_model
 from vinoserve.model.compile_options import CompileOptions
-
-
-class CpuClass(enum.Enum):
-    AMX = "AMX"  # Sapphire, Emerald, Granite Rapids: AMX tiles, AVX512_BF16, VNNI
-    AVX512_BF16 = "AVX512_BF16"  # Zen 4, Zen 5, Cooper Lake: bf16 and VNNI without AMX
-    AVX512 = "AVX-512"  # Skylake-SP to Ice Lake: no bf16 arithmetic
-    AVX2 = "AVX2"  # Zen 2, Zen 3, Haswell to Alder Lake
-    OTHER = "other"
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    try:
-        with cpuinfo.open() as f:
-            return frozenset(next((line for line in f if line.startswith("flags")), "").partition(":")[2].split())
-    except OSError:
-        return frozenset()
-
-
-def classify(flags: frozenset[str]) -> CpuClass:
-    if {"amx_tile", "amx_bf16"} <= flags:
-        return CpuClass.AMX
-    if "avx512_bf16" in flags:
-        return CpuClass.AVX512_BF16
-    if "avx512f" in flags:
-        return CpuClass.AVX512
-    if "avx2" in flags:
-        return CpuClass.AVX2
-    return CpuClass.OTHER
-
-
-@functools.cache
-def this_cpu() -> CpuClass:
-    return classify(cpu_flags())
+from vinoserve.model.cpu_class import CpuClass, this_cpu
 
 
 @dataclass(frozen=True)
@@ -115,8 +81,6 @@ def compute_precision(options: CompileOptions, core: ov.Core) -> str:
 def resolve(options: CompileOptions, core: ov.Core, model: ov.Model, cpu: CpuClass | None = None) -> CompileOptions:
     """`options` with every field left to the machine filled in: decode model, KV precision,
     dynamic quantization, q/k/v fusion, the main compilation on the kernel (`lowbit_main`)."""
-    from vinoserve.model import decode_model
-
     if options.device != "CPU":
         return replace(options, decode_model=False, fuse_projections=bool(options.fuse_projections))
     row = DEFAULTS[cpu or this_cpu()]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import openvino as ov
 
-from vinoserve.model.cpu_defaults import cpu_flags
+from vinoserve.model.cpu_class import cpu_flags
 from vinoserve.model.storage import cache_root
 
 SOURCE = Path(__file__).with_name("lowbit_matmul.cpp")
