@@ -57,7 +57,7 @@ def test_proposals_are_made_while_they_pay_for_their_share_of_the_step():
 def test_proposals_keep_a_step_on_the_fast_compilation():
     """With a decode model, steps of up to 16 tokens run on it: proposals fill a step up to that
     size and do not push it past; a step already past it (many sequences) is not capped."""
-    spec = Speculator(SpeculativeConfig(disable_by_batch_size=64), fast_step_tokens=16)
+    spec = Speculator(SpeculativeConfig(disable_by_batch_size=64), fast_step_tokens=16, proposal_cap=16)
     for n in (1, 2, 4, 8, 16, 32):
         spec.cost.observe(n, 0.020 + 0.001 * n)
     assert spec.budget([8], [0.95]) == [8]
@@ -91,3 +91,42 @@ def test_speculating_must_beat_the_overlapped_plain_step():
     spec._acceptance[seq].update(4, 4)
     assert not spec.plan_ahead([seq], [16])  # a run being copied: wait for the token, then propose
     assert spec.plan_ahead([seq], [2])  # no room left for a proposal
+
+
+def test_a_one_token_step_on_its_clone_is_priced_as_timed():
+    """Where one-token steps run on a faster compilation that no proposal fits in (the kernel's
+    clone), the plain step is priced as timed, not from the line the verifying steps fit: proposals
+    must beat the clone's step."""
+    clone, plain_line = Speculator(SpeculativeConfig(), fast_step_tokens=1), Speculator(SpeculativeConfig())
+    for spec in (clone, plain_line):
+        for n, seconds in ((1, 0.010), (2, 0.020), (3, 0.021), (5, 0.023), (9, 0.027)):
+            spec.cost.observe(n, seconds)
+        spec.cost.observe(1, 0.005, overlapped=True)
+    assert sum(plain_line.budget([4], [0.7])) > 0  # the line: a one-token step at 11 ms
+    assert clone.budget([4], [0.7]) == [0]  # at 5 ms: 2.8 tokens in 22 ms do not pay
+    assert clone.budget([4], [0.95]) == [4]  # 4.5 do
+
+
+def test_proposals_turned_down_still_teach_a_sequence_its_odds():
+    """Prompt lookup's proposals that the budget turns down are kept and scored against the
+    tokens the sequence then gets, so its odds move without a verifying step: one that copies its
+    context earns its proposals even after every proposal before it failed (without shadows such
+    a server never verified again), one that does not loses them; vLLM's counters count only
+    what was verified."""
+    spec = Speculator(SpeculativeConfig(num_speculative_tokens=4))
+    for n in (1, 2, 3, 5):
+        spec.cost.observe(n, 0.020 + 0.004 * n)
+    spec.cost.observe(1, 0.012, overlapped=True)
+    for _ in range(2):  # a server whose first proposals all failed: the engine's odds start low
+        spec.record(Sequence("x", [1, 2], SamplingParams(max_tokens=8)), 4, 0)
+    copying = Sequence("c", [5, 6, 7, 8, 9, 5, 6], SamplingParams(max_tokens=64))
+    chatting = Sequence("d", [5, 6, 7, 8, 9, 5, 6], SamplingParams(max_tokens=64))
+    assert spec.plan_ahead([copying], [64]) and spec.plan_ahead([chatting], [64])  # even odds: not worth it
+    copying.output_token_ids += [7]  # the lookup said 7 8 9 5
+    assert spec.plan_ahead([copying], [64])  # so far so good: nothing settled
+    copying.output_token_ids += [8, 9, 5]
+    chatting.output_token_ids += [7, 1]
+    assert not spec.plan_ahead([copying], [64])  # a run of four copied: it now waits to propose
+    assert spec.plan_ahead([chatting], [64])
+    assert spec._rate(chatting) < spec._rate(copying)
+    assert spec.stats.num_drafts == 2  # the failed ones alone

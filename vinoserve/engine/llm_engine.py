@@ -77,7 +77,7 @@ class LLMEngine:
         draft = (DraftModelProposer.load(spec, config.compile, self.model, self.eos_token_ids,
                                          num_blocks * paged.block_size, config.scheduler.max_num_batched_tokens, log)
                  if spec is not None and spec.method == "draft_model" else None)
-        self.speculator = Speculator(spec, draft, paged.proposal_cap) if spec is not None else None
+        self.speculator = Speculator(spec, draft, paged.decode_tokens, paged.proposal_cap) if spec is not None else None
         self.grammars = GrammarCompiler(self.tokenizer.token_bytes, self.model.config.vocab_size, self.eos_token_ids,
                                          sorted(self.tokenizer.special_token_ids),
                                          lambda text: self.tokenizer.encode(text, add_special_tokens=False))

@@ -105,10 +105,13 @@ class StepCost:
 
     The line is fitted to steps run one at a time, as every step that verifies proposals is;
     steps planned ahead of the one before them (overlapped) are kept apart, and what they save
-    at the same size is the price of speculating at all (`overlap_saving`)."""
+    at the same size is the price of speculating at all (`overlap_saving`). Steps of at most
+    `timed_up_to` tokens run on a faster compilation that no proposal fits in (the kernel's
+    one-token clone): a plain step of that size is priced as timed (`timed`)."""
 
-    def __init__(self, decay: float = 0.9) -> None:
+    def __init__(self, decay: float = 0.9, timed_up_to: int = 0) -> None:
         self.decay = decay
+        self.timed_up_to = timed_up_to
         self._seconds: dict[int, float] = {}
         self._overlapped: dict[int, float] = {}
 
@@ -123,6 +126,13 @@ class StepCost:
             return None
         b, a = np.polyfit(np.fromiter(self._seconds.keys(), np.float64), np.fromiter(self._seconds.values(), np.float64), 1)
         return max(a, 1e-6), max(b, 1e-9)
+
+    def timed(self, num_tokens: int) -> float | None:
+        """A plain step's seconds as timed (overlapped where it ran so), for the sizes on the
+        faster compilation; None for other sizes, or before one was seen."""
+        if num_tokens > self.timed_up_to:
+            return None
+        return self._overlapped.get(num_tokens, self._seconds.get(num_tokens))
 
     def overlap_saving(self) -> float:
         """Seconds an overlapped step saves against one run alone, at the sizes seen both ways."""
@@ -151,6 +161,21 @@ class _Acceptance:
         self.tried = decay * self.tried + num_accepted + (num_accepted < num_drafts)
 
 
+@dataclass
+class _Shadow:
+    """A proposal made but not verified: drafts[i] guesses the token at position at + i."""
+
+    drafts: list[int]
+    at: int
+
+    def outcome(self, seq: Sequence) -> int | None:
+        """How many drafts the tokens since matched, once a draft missed or all were seen; None
+        while the tokens so far all match."""
+        seen = seq.token_ids(self.at, min(seq.num_known_tokens, self.at + len(self.drafts)))
+        j = next((i for i, (d, t) in enumerate(zip(self.drafts, seen)) if d != t), len(seen))
+        return j if j < len(seen) or len(seen) == len(self.drafts) else None
+
+
 class Speculator:
     """Picks how many tokens each decoding sequence proposes this step, and keeps the score.
 
@@ -162,22 +187,35 @@ class Speculator:
     model's step for a draft model) and E the tokens the step is expected to yield; and the step
     as a whole is taken only if E / T beats the plain step's tokens per second, overlapped (what
     its host work hidden behind the step before saves). A big batch, a slow proposer or proposals
-    that keep failing all turn speculation off by themselves."""
+    that keep failing all turn speculation off by themselves.
+
+    A sequence's odds are learnt without verifying too: where prompt lookup finds a proposal
+    that the budget turns down, it is kept (`_Shadow`) and checked against the tokens that
+    follow. So on the one-token clone the plain step is priced as timed, with no margin left for
+    new sequences to explore in, and a request that starts copying after a stretch of open chat
+    still gets its proposals (lab notes, Zen 5, a ninth time)."""
 
     # Until the fit has steps of three sizes, proposals are capped in turn at k, 0 and k/2, so
     # that even a batch whose every step would verify k tokens gets figures to fit.
     _EXPLORE = (1.0, 0.0, 0.5)
 
     def __init__(self, config: SpeculativeConfig, proposer: Proposer | None = None,
-                 fast_step_tokens: int | None = None) -> None:
+                 fast_step_tokens: int | None = None, proposal_cap: int | None = None) -> None:
         self.config = config
-        # Steps of at most this many tokens run on a faster compilation (the decode model): the
-        # step's cost jumps past it, which a line fitted over step sizes does not see, so
-        # proposals do not push a step that fits across it.
+        # Steps of at most fast_step_tokens run on a faster compilation, and the step's cost jumps
+        # past it, which a line fitted over step sizes does not see. Where proposals keep a step
+        # within it (proposal_cap: the decode model's 16 tokens) the line prices them; where none
+        # fits (the kernel's one-token clone) the plain step is priced as timed: 5.1 ms on the
+        # built-in model where the line said 8.7 (Zen 5), and proposals at open chat's odds
+        # passed for paying.
         self.fast_step_tokens = fast_step_tokens
+        self.proposal_cap = proposal_cap
         self.proposer = proposer or NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
         self.stats = SpecStats(accepted_per_position=[0] * config.num_speculative_tokens)
-        self.cost = StepCost()
+        self.cost = StepCost(timed_up_to=0 if proposal_cap is not None else fast_step_tokens or 0)
+        # Shadows cost a lookup, not a draft model's call: prompt lookup only.
+        self._shadows: weakref.WeakKeyDictionary[Sequence, _Shadow] | None = \
+            weakref.WeakKeyDictionary() if isinstance(self.proposer, NgramProposer) else None
         self.propose_seconds = 0.0  # of the last call: the engine leaves it out of the step's cost
         self._per_proposal = 0.0  # proposer seconds per proposed token, decayed average
         self._explored = 0
@@ -191,6 +229,7 @@ class Speculator:
         verifying. Open chat then costs one lookup per sequence and step, not the overlap."""
         if not seqs or len(seqs) > self.config.disable_by_batch_size:
             return True
+        self._check_shadows(seqs)
         limits = [min(self.config.num_speculative_tokens, r - 2) for r in room]  # one token is still pending
         likely = [(seq, k) for seq, k in zip(seqs, limits) if k > 0 and self.proposer.may_propose(seq)]
         if not likely:
@@ -209,6 +248,7 @@ class Speculator:
             seq.draft_token_ids = []
         if not seqs or len(seqs) > self.config.disable_by_batch_size:
             return
+        self._check_shadows(seqs)
         ks = self.budget([min(self.config.num_speculative_tokens, r - 1) for r in room],
                          [self._rate(seq) for seq in seqs])
         chosen = [(seq, k) for seq, k in zip(seqs, ks) if k > 0]
@@ -222,6 +262,8 @@ class Speculator:
         self.propose_seconds = time.perf_counter() - start
         for (seq, _), drafts in zip(chosen, proposals):
             seq.draft_token_ids = drafts
+            if self._shadows is not None and drafts:
+                self._shadows.pop(seq, None)  # the verifying step tells
         if made := sum(map(len, proposals)):
             self._per_proposal = 0.8 * self._per_proposal + 0.2 * self.propose_seconds / made
 
@@ -239,15 +281,18 @@ class Speculator:
         ks = [0] * len(limits)
         cost = b + self._per_proposal
         expected, seconds = float(len(limits)), a + b * len(limits)
-        # Tokens/s without speculating, from the line rather than the plain step as timed: the line
-        # puts a one-token step 7-14% above what it takes (a step's cost bends), and that margin is
-        # what lets a new sequence, starting from the engine's odds, get the proposals that show its
-        # own. Priced as timed, copying fell from 2.03x to 0.92x of plain (lab notes, 2026-11-27).
+        # Tokens/s without speculating. From the line, where the step's cost bends (the decode
+        # model: a one-token step 7-14% under the line); without shadows that margin was what let
+        # a new sequence, starting from the engine's odds, get the proposals that show its own:
+        # priced as timed, copying fell from 2.03x to 0.92x of plain (lab notes, 2026-11-27). As
+        # timed on the one-token clone, where the line is 1.5x off and shadows learn the odds.
         plain = expected / max(seconds - self.cost.overlap_saving(), 1e-9)
+        if self._shadows is not None and (timed := self.cost.timed(len(limits))) is not None:
+            plain = expected / timed
         offers = sorted(((rates[i] ** j, i) for i, k in enumerate(limits) for j in range(1, k + 1)), reverse=True)
         room = len(offers)
-        if self.fast_step_tokens is not None and len(limits) <= self.fast_step_tokens:
-            room = self.fast_step_tokens - len(limits)
+        if self.proposal_cap is not None and len(limits) <= self.proposal_cap:
+            room = self.proposal_cap - len(limits)
         for gain, i in offers[:room]:
             if gain * seconds <= cost * expected:
                 break
@@ -256,6 +301,22 @@ class Speculator:
             seconds += cost
         # Speculating at all gives up the overlap: worth it only if the step still yields more.
         return ks if expected / seconds > plain else [0] * len(limits)
+
+    def _check_shadows(self, seqs: list[Sequence]) -> None:
+        """Shadows the tokens since have settled are scored as verified proposals would be; a
+        sequence without one gets one where lookup finds a proposal (from the tokens known now:
+        its first draft guesses the token being sampled, where a real one follows it)."""
+        if self._shadows is None:
+            return
+        for seq in seqs:
+            if (shadow := self._shadows.get(seq)) is not None:
+                if (matched := shadow.outcome(seq)) is None:
+                    continue
+                del self._shadows[seq]
+                self._learn(seq, len(shadow.drafts), matched)
+            drafts = self.proposer.propose([seq], [self.config.num_speculative_tokens])[0]
+            if drafts:
+                self._shadows[seq] = _Shadow(drafts, seq.num_known_tokens)
 
     def _rate(self, seq: Sequence) -> float:
         return self._acceptance.setdefault(seq, _Acceptance()).rate(self._engine_acceptance.rate())
@@ -268,5 +329,8 @@ class Speculator:
         s.num_accepted_tokens += num_accepted
         for i in range(num_accepted):
             s.accepted_per_position[i] += 1
+        self._learn(seq, num_drafts, num_accepted)
+
+    def _learn(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
         self._acceptance.setdefault(seq, _Acceptance()).update(num_drafts, num_accepted)
         self._engine_acceptance.update(num_drafts, num_accepted, decay=0.95)
