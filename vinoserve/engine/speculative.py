@@ -231,7 +231,7 @@ class Speculator:
             return True
         self._check_shadows(seqs)
         limits = [min(self.config.num_speculative_tokens, r - 2) for r in room]  # one token is still pending
-        likely = [(seq, k) for seq, k in zip(seqs, limits) if k > 0 and self.proposer.may_propose(seq)]
+        likely = [(seq, k) for seq, k in zip(seqs, limits) if k > 0 and self._may_propose(seq)]
         if not likely:
             return True
         fit = self.cost.fit()
@@ -301,6 +301,11 @@ class Speculator:
             seconds += cost
         # Speculating at all gives up the overlap: worth it only if the step still yields more.
         return ks if expected / seconds > plain else [0] * len(limits)
+
+    def _may_propose(self, seq: Sequence) -> bool:
+        # A shadow is there just where the last lookup found a run that the tokens since follow:
+        # the proposer's own guess, without a second scan of the context (350 us at 32k tokens).
+        return seq in self._shadows if self._shadows is not None else self.proposer.may_propose(seq)
 
     def _check_shadows(self, seqs: list[Sequence]) -> None:
         """Shadows the tokens since have settled are scored as verified proposals would be; a
