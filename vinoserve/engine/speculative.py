@@ -208,7 +208,6 @@ class Speculator:
         # fits (the kernel's one-token clone) the plain step is priced as timed: 5.1 ms on the
         # built-in model where the line said 8.7 (Zen 5), and proposals at open chat's odds
         # passed for paying.
-        self.fast_step_tokens = fast_step_tokens
         self.proposal_cap = proposal_cap
         self.proposer = proposer or NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
         self.stats = SpecStats(accepted_per_position=[0] * config.num_speculative_tokens)
