@@ -228,7 +228,8 @@ class Speculator:
         verifying. Open chat then costs one lookup per sequence and step, not the overlap."""
         if not seqs or len(seqs) > self.config.disable_by_batch_size:
             return True
-        self._check_shadows(seqs)
+        self._settle_shadows(seqs)
+        self._cast_shadows(seqs)
         limits = [min(self.config.num_speculative_tokens, r - 2) for r in room]  # one token is still pending
         likely = [(seq, k) for seq, k in zip(seqs, limits) if k > 0 and self._may_propose(seq)]
         if not likely:
@@ -247,10 +248,11 @@ class Speculator:
             seq.draft_token_ids = []
         if not seqs or len(seqs) > self.config.disable_by_batch_size:
             return
-        self._check_shadows(seqs)
+        self._settle_shadows(seqs)
         ks = self.budget([min(self.config.num_speculative_tokens, r - 1) for r in room],
                          [self._rate(seq) for seq in seqs])
         chosen = [(seq, k) for seq, k in zip(seqs, ks) if k > 0]
+        self._cast_shadows([seq for seq, k in zip(seqs, ks) if k == 0])  # the chosen get a lookup below
         if not chosen:
             # A draft model's first call also computes the whole prompt, which can price it out
             # for good: its cost figure fades while it is idle, so it gets tried again.
@@ -306,20 +308,22 @@ class Speculator:
         # the proposer's own guess, without a second scan of the context (350 us at 32k tokens).
         return seq in self._shadows if self._shadows is not None else self.proposer.may_propose(seq)
 
-    def _check_shadows(self, seqs: list[Sequence]) -> None:
-        """Shadows the tokens since have settled are scored as verified proposals would be; a
-        sequence without one gets one where lookup finds a proposal (from the tokens known now:
-        its first draft guesses the token being sampled, where a real one follows it)."""
+    def _settle_shadows(self, seqs: list[Sequence]) -> None:
+        """Shadows the tokens since have settled are scored as verified proposals would be."""
         if self._shadows is None:
             return
         for seq in seqs:
-            if (shadow := self._shadows.get(seq)) is not None:
-                if (matched := shadow.outcome(seq)) is None:
-                    continue
+            if (shadow := self._shadows.get(seq)) is not None and (matched := shadow.outcome(seq)) is not None:
                 del self._shadows[seq]
                 self._learn(seq, len(shadow.drafts), matched)
-            drafts = self.proposer.propose([seq], [self.config.num_speculative_tokens])[0]
-            if drafts:
+
+    def _cast_shadows(self, seqs: list[Sequence]) -> None:
+        """A shadow for each sequence without one where lookup finds a proposal, from the tokens
+        known now (ahead of a step, its first draft guesses the token being sampled)."""
+        if self._shadows is None:
+            return
+        for seq in seqs:
+            if seq not in self._shadows and (drafts := self.proposer.propose([seq], [self.config.num_speculative_tokens])[0]):
                 self._shadows[seq] = _Shadow(drafts, seq.num_known_tokens)
 
     def _rate(self, seq: Sequence) -> float:
