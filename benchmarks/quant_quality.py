@@ -11,7 +11,7 @@ and a zero point rounded to an integer (openvino.genai's Q4_1/Q4_K mapping, writ
 file whose mins are rounded to whole steps: `auto` of it computes exactly that model).
 
 Teacher-forced perplexity over real English text (vinoserve.bench.perplexity, as docs/eviction.md
-and docs/performance-lab-notes.md measure it): windows of --window-len tokens, the last --forced fed one
+and benchmarks/results/ measure it): windows of --window-len tokens, the last --forced fed one
 decode step at a time.
 
     python benchmarks/quant_quality.py                          # every variant, default compute and f32

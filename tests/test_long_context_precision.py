@@ -2,7 +2,7 @@
 positions past 1,000, at this CPU class's defaults against f32 compute with an f32 cache.
 
 On bf16 CPUs this once was 4x f32's, because RoPE angles (position * inv_freq) were computed in
-bf16, which cannot hold an integer above 256 exactly (see docs/performance-lab-notes.md). Also: the default KV
+bf16, which cannot hold an integer above 256 exactly (benchmarks/results/2026-11-23-zen4.md). Also: the default KV
 cache precision that goes with it."""
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_default_precision_perplexity_within_2_percent_of_f32_at_long_context():
 
 
 def test_default_kv_cache_is_bf16_where_compute_is_bf16_and_explicit_choices_win(tmp_path):
-    """The KV default departs from the plugin's u8 (measured in docs/performance-lab-notes.md); an asked-for
+    """The KV default departs from the plugin's u8 (measured: benchmarks/results/2026-11-23-zen4.md); an asked-for
     precision is always what the cache gets."""
     src = GGUFModel.open(write_gguf(tiny_hf_model("llama"), tmp_path / "tiny.gguf"))
 

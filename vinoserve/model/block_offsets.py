@@ -4,7 +4,7 @@ GGUF types with a minimum per block (Q4_1, Q5_1, Q4_K, Q5_K) decode as w = q * s
 and the converter writes exactly that (weights.py). The CPU plugin's compressed matmuls take Convert
 -> [Subtract zero point] -> Multiply only. An f16 zero point (-offset / scale) is exact up to f16
 rounding (under 1% of a step), but int8-activation kernels refuse it and one token's bf16 kernels
-run it slower (a 256-token chunk's faster: benchmarks/weight_layouts.py, lab notes 2026-11-27); a
+run it slower (a 256-token chunk's faster: benchmarks/weight_layouts.py, results/2026-11-26-emerald-rapids.md); a
 rounded integer one shifts every weight of a block by up to half a step. So, per group g of the
 input dimension,
 

@@ -5,8 +5,8 @@ With bf16 compute (the CPU plugin's default on AVX512_BF16 and AMX CPUs) a Fully
 bf16: right for a prompt chunk, wasted at one token, where the step streams the weights once. At
 f32 compute the plugin instead quantizes the activations to int8 per group of 32 and multiplies
 the packed low-bit weights with VNNI integer dot products, as llama.cpp does (nodes/fullyconnected.cpp,
-`useDynamicQuantizationImpl`; it needs f32 activations). Measured on a 2-core Sapphire Rapids, 1.5B
-Q4_0 `auto`, decode `infer()`: 73 ms against 95 at one sequence (docs/performance-lab-notes.md).
+`useDynamicQuantizationImpl`; it needs f32 activations): a 1.5B Q4_0 decode `infer()` 0.77x the
+time (benchmarks/results/2026-11-25-sapphire-rapids-gguf-blocks.md).
 
 So the model is compiled twice and the runner sends each step to one of them by its token
 count. The decode model's 4- and 8-bit MatMuls run on vinoserve's own kernel where it builds
@@ -31,15 +31,13 @@ from vinoserve.model.compile_options import CompileOptions
 from vinoserve.model.errors import ModelLoadError
 
 # Steps of at most this many tokens go to the decode model: a few sequences decoding, or one
-# verifying its proposals (1 + k tokens). On a Sapphire Rapids the bf16 kernels were level at four;
-# on an Emerald Rapids (2026-11-26, docs/performance-lab-notes.md) the decode model was ahead up
-# to 24 tokens (1.5B Q4_0: 121 against 195 ms at 5, 186 against 226 at 16), behind at 32 (135M).
+# verifying its proposals (1 + k tokens): ahead of the bf16 kernels up to 24 tokens, behind at 32
+# (benchmarks/results/2026-11-26-emerald-rapids.md).
 MAX_TOKENS = 16
 KV_PRECISION = "u8"
 # `auto` takes the decode model when its packed copy is at most this share of the memory (both
-# copies in half of it): on 24 GiB up to 8B-sized 4-bit models. Measured on an Emerald Rapids
-# (docs/performance-lab-notes.md, 2026-11-27), 8B Q4_K_M (5.6 GiB a copy): decode 0.99x llama.cpp
-# with it, 0.65x without; resident 12.2 against 6.6 GiB.
+# copies in half of it): on 24 GiB up to 8B-sized 4-bit models, where it still buys 1.5x decode
+# for 1.8x resident memory (benchmarks/results/2026-11-26-emerald-rapids.md).
 MEMORY_SHARE = 0.25
 _LOW_BIT = {ov.Type.u4, ov.Type.i4, ov.Type.u8, ov.Type.i8}
 _WEIGHT_PATH = {"Convert", "Multiply", "Subtract", "Add", "Reshape", "Concat", "Transpose"}

@@ -7,7 +7,7 @@ it cannot tell what the op's output shape depends on, so it treats every input a
 each call clones the node, validates the clone and redefines the output's memory. A [16 x 1,536]
 Q4_0 product took ~7 us a call so, ~1 with static shapes (Zen 5), and a 1.5B step makes 113-142
 such calls. With the token count fixed at one, every node but PagedAttention (whose block tables
-still vary) has static shapes. Measured on a 2-core Zen 5 (lab notes, 2026-11-28): 1.5B decode
+still vary) has static shapes. Measured on a 2-core Zen 5 (benchmarks/results/2026-11-28-zen5.md): 1.5B decode
 1.100x (Q4_0) and 1.077x (Q4_K_M), paired in one process, the same tokens; the clone shares the
 main compilation's constants, so it costs ~40 MiB resident and half a second of compiling (the
 startup log gives the first).

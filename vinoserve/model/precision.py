@@ -8,7 +8,7 @@ from vinoserve.model.compile_options import CompileOptions
 
 
 def check_inference_precision(options: CompileOptions, core: ov.Core | None = None) -> None:
-    """f16 on CPU is wrong or not f16 at all, so it is refused (docs/performance-lab-notes.md, "f16 compute"):
+    """f16 on CPU is wrong or not f16 at all, so it is refused (benchmarks/results/2026-11-23-zen4.md, "f16 compute"):
     - where the CPU computes f16 natively (AVX512-FP16: Sapphire Rapids and later), the plugin's
       PagedAttention gives NaN or garbage for every step that carries more than one token of a
       sequence (a prompt chunk, a speculative verify), and the KV it writes poisons later decodes;

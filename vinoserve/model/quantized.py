@@ -22,10 +22,11 @@ computed apart (block_offsets), and with the file's unsigned q every weight of a
 way, so the main product is large and the offset's nearly cancels it. Any rounding of the input
 (bf16, or the int8 activations of the decode model) then survives the cancellation: SmolLM2's
 Q4_1 file with int8 activations in decode steps had 7% more perplexity uncentred, none centred
-(docs/performance-lab-notes.md). Rounding d * sc to f16 (11 bits; d has 11 and the sub-scale 6) moved a
-llama-quantize Q4_K_M's logits by up to 0.07 against transformers' f32 reading of it, so the
-K-quants' products stay f32; the CPU plugin turns every scale into f32 when it compiles a
-compressed matmul, so that costs the IR's size (+0.5 bit a weight), not speed.
+(benchmarks/results/2026-11-25-sapphire-rapids-gguf-blocks.md). Rounding d * sc to f16 (11 bits;
+d has 11 and the sub-scale 6) moved a llama-quantize Q4_K_M's logits by up to 0.07 against
+transformers' f32 reading of it, so the K-quants' products stay f32; the CPU plugin turns every
+scale into f32 when it compiles a compressed matmul, so that costs the IR's size (+0.5 bit a
+weight), not speed.
 
 Other types (Q2_K, Q3_K, the IQ types, ...) are not kept: `Weights` dequantizes them.
 Offsets do not fit the plugin's compressed-weight pattern; `block_offsets` moves them out of the

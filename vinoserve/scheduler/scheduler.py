@@ -12,7 +12,7 @@ from vinoserve.scheduler.sequence import Sequence, SequenceStatus
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 256  # chosen by measurement: docs/performance-lab-notes.md, "max_num_batched_tokens"
+    max_num_batched_tokens: int = 256  # chosen by measurement: benchmarks/results/2026-11-23-zen4.md
     # Admission leaves this share of blocks free, so running decodes do not preempt at once.
     watermark: float = 0.01
 

@@ -23,8 +23,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256, help="sequences in one batch at most")
     p.add_argument("--max-num-batched-tokens", type=int, default=SchedulerConfig.max_num_batched_tokens,
                    help="tokens in one step at most: the prefill chunk beside running decodes; larger barely "
-                        "changes throughput or TTFT on CPU and stalls every running stream longer "
-                        "(docs/performance-lab-notes.md)")
+                        "changes throughput or TTFT on CPU and stalls every running stream longer")
     p.add_argument("--max-queue", type=int, default=1024,
                    help="over capacity: answer 503 with Retry-After when this many requests already wait")
     d = Limits()
