@@ -27,7 +27,7 @@ def _model_args(p: argparse.ArgumentParser, several: bool = False) -> None:
 def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="CPU")
     p.add_argument("--inference-precision", choices=("f32", "bf16", "f16"), default=None,
-                   help="default: the device's fastest (f16 is refused on CPU: docs/performance-lab-notes.md); "
+                   help="default: the device's fastest (f16 is refused on CPU: docs/serving.md); "
                         "f32 with the low-bit kernel's one compilation (--lowbit-kernel). Asked for, it is "
                         "the plugin's arithmetic throughout")
     p.add_argument("--kv-cache-precision", choices=("f32", "f16", "bf16", "u8", "u4"), default=None,
