@@ -5,7 +5,6 @@ against that arithmetic in numpy, to float rounding."""
 from __future__ import annotations
 
 import collections
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ import pytest
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.model import cpu_defaults, lowbit
-from vinoserve.model.cpu_class import CpuClass, cpu_flags
+from vinoserve.model.cpu_class import CpuClass
 from vinoserve.model.errors import ModelLoadError
 from vinoserve.model.gguf_loader import GGUFModel
 from vinoserve.model.graph import build_model
@@ -169,7 +168,7 @@ def _two_planes(x: np.ndarray, group: int) -> np.ndarray:
     d = (np.abs(g).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
     inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
     first = np.rint(g * inv) * d
-    fine = np.clip(np.rint((g - first) * (inv * np.float32(256))), -128, 127) * (d / np.float32(256))
+    fine = np.clip(np.rint((g - first) * (inv * np.float32(256))), -127, 127) * (d / np.float32(256))
     return (first + fine).reshape(x.shape)
 
 
@@ -309,16 +308,19 @@ def test_scales_factor_only_where_the_products_come_back_exactly():
     assert not pack.factor(np.zeros((4, 8), np.float32), 8)[1].any()
 
 
-def test_a_cold_cache_builds_a_library_openvino_loads(tmp_path, monkeypatch):
-    """What a first start does (and the Docker image's build): compile the source into the cache."""
-    if not (shutil.which("c++") or shutil.which("g++")):
-        pytest.skip("no C++ compiler here")
+def test_a_cold_cache_builds_a_library_openvino_loads(kernel, tmp_path, monkeypatch):
+    """What a first start does: compile this CPU's path into the cache, keyed by the compiler too,
+    and load it; a second start finds it."""
     monkeypatch.setenv("VINOSERVE_CACHE", str(tmp_path))
-    path = build.compile_library()
-    assert path.is_file() and path.is_relative_to(tmp_path)
-    if build.NEEDED_FLAGS <= cpu_flags():  # compiled for AVX-512 throughout: loaded only where it runs
-        ov.Core().add_extension(str(path))
-    assert build.compile_library() == path  # built once
+    build.library.cache_clear()
+    try:
+        path = build.library()
+        assert path.is_file() and path.is_relative_to(tmp_path)
+        assert path.parent.name.startswith(build.source_key(build.isa()) + "-")  # and the compiler's key
+        build.library.cache_clear()
+        assert build.library() == path  # built once
+    finally:
+        build.library.cache_clear()
 
 
 def test_where_it_cannot_be_built_the_plugin_runs_or_the_flag_fails_clearly(q4_k, tmp_path, monkeypatch):

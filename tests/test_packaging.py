@@ -50,6 +50,7 @@ def test_wheel_carries_the_chat_page_and_the_kernel_source(tmp_path):
     with zipfile.ZipFile(wheel) as zf:
         page = zf.read("vinoserve/server/static/chat.html").decode()
         assert b"OPENVINO_CREATE_EXTENSIONS" in zf.read("vinoserve/model/lowbit/lowbit_matmul.cpp")
-        assert b"pair_kernel" in zf.read("vinoserve/model/lowbit/lowbit_kernels.hpp")  # the source includes it
+        for header in ("layout", "multiply", "kernels_avx512", "kernels_avx2", "activations_avx512", "activations_avx2"):
+            assert b"namespace vinoserve" in zf.read(f"vinoserve/model/lowbit/lowbit_{header}.hpp")  # the source includes them
         assert b"LowBitGather" in zf.read("vinoserve/model/lowbit/lowbit_gather.hpp")  # and this
     assert "v1/chat/completions" in page and "http://" not in page and "https://" not in page  # nothing remote

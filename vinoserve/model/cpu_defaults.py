@@ -47,7 +47,7 @@ DEFAULTS: dict[CpuClass, ClassDefaults] = {
     # vinoserve's kernel decodes at 1.25x / 1.14x and reads prompts at 2.40x / 1.90x, with one copy
     # of the weights. The kernel's int8 activations alone (llama.cpp's) moved the built-in model's
     # first reply token off f32's twice as far as bf16 did; so steps with prompt tokens or one
-    # sequence, and the logits, are quantized in two planes (lowbit_kernels.hpp; the runner's
+    # sequence, and the logits, are quantized in two planes (lowbit_layout.hpp; the runner's
     # ModelRunner.planes), several sequences' decode steps in one: over 40 chat prompts the first
     # token's log-probability is then 0.0007 from f32's on average (bf16 0.028), and SmolLM2's
     # long-context perplexity 1.0000x f32's (one-plane decode steps left it 0.99-1.02x by chance;

@@ -1,11 +1,12 @@
-"""Compile lowbit_matmul.cpp (and the lowbit_kernels.hpp it includes) into an OpenVINO extension
-library, once per source, OpenVINO and compiler, into the cache directory (the first load takes a
-few seconds; later ones reuse it).
+"""Compile lowbit_matmul.cpp (and the headers it includes) into an OpenVINO extension library for
+one instruction set's path, and find it again: once per source, OpenVINO, path and compiler.
 
 Built on the machine that runs it rather than shipped: an extension must be built against the
-OpenVINO it is loaded into, and the headers and libraries come with the openvino wheel. Where no
-C++ compiler is found, or the CPU lacks the instructions the kernel uses, the decode model keeps
-the plugin's own matmuls; `unavailable()` says why, in one line.
+OpenVINO it is loaded into, and the headers and libraries come with the openvino wheel. Where a
+library is looked for, in order: `$VINOSERVE_KERNEL_DIR` (built ahead, e.g. by the Docker image's
+build with `python -m vinoserve.model.lowbit.build DIR`, where no volume hides it), then the cache
+(built on first use). Where no C++ compiler is found, the CPU has none of the paths' instructions,
+or a library does not load, the plugin's own matmuls run; `Unavailable` says why, in one line.
 """
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import openvino as ov
@@ -24,16 +27,55 @@ from vinoserve.model.storage import cache_root
 
 SOURCE = Path(__file__).with_name("lowbit_matmul.cpp")
 HEADERS = sorted(SOURCE.parent.glob("*.hpp"))  # included by SOURCE: part of what a build is keyed on
-# AVX-512 with VNNI (vpdpbusd) and the f16 conversions: Ice Lake and later Xeons, Zen 4 and later.
-NEEDED_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"})
-_ISA = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma"]
+NAME = "liblowbit_matmul.so"
+KERNEL_DIR = "VINOSERVE_KERNEL_DIR"  # libraries built ahead of time, looked for before the cache
+ISA_VARIABLE = "VINOSERVE_LOWBIT_ISA"  # forces one path (tests; measuring one path on another CPU)
 # No contraction of a * b + c into one fma where the source does not ask for one: the gather's
 # q * scale + offset rounds twice, as the graph's Multiply and Add (and numpy) do.
-_FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", *_ISA]
+_FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off"]
 
 
 class Unavailable(RuntimeError):
     """Why the kernel cannot be used here (one line)."""
+
+
+@dataclass(frozen=True)
+class Isa:
+    """One instruction set's path of the kernel: the CPU flags it needs and its compiler flags."""
+
+    name: str
+    needs: frozenset[str]
+    flags: tuple[str, ...]
+
+
+# In order of preference. AVX-512 VNNI: Ice Lake and later Xeons, Zen 4 and later; AVX-VNNI on
+# ymm: Alder Lake and later, Zen 5; AVX2: every x86-64 CPU since Haswell and Zen 1.
+ISAS = (
+    Isa("avx512", frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"}),
+        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma")),
+    Isa("avxvnni", frozenset({"avx2", "avx_vnni", "f16c", "fma"}),
+        ("-mavx2", "-mavxvnni", "-mf16c", "-mfma", "-DVINOSERVE_LOWBIT_AVX2")),
+    Isa("avx2", frozenset({"avx2", "f16c", "fma"}), ("-mavx2", "-mf16c", "-mfma", "-DVINOSERVE_LOWBIT_AVX2")),
+)
+NEEDED_FLAGS = ISAS[-1].needs  # the least any path needs
+
+
+def isa(flags: frozenset[str] | None = None) -> Isa:
+    """The path this CPU runs: `$VINOSERVE_LOWBIT_ISA`'s where set, else the first it has the
+    instructions of; raises Unavailable."""
+    flags = cpu_flags() if flags is None else flags
+    forced = os.environ.get(ISA_VARIABLE)
+    if forced:
+        chosen = next((i for i in ISAS if i.name == forced), None)
+        if chosen is None:
+            raise Unavailable(f"{ISA_VARIABLE}={forced!r} is none of {', '.join(i.name for i in ISAS)}")
+        if not chosen.needs <= flags:
+            raise Unavailable(f"{ISA_VARIABLE}={forced}: this CPU lacks {', '.join(sorted(chosen.needs - flags))}")
+        return chosen
+    chosen = next((i for i in ISAS if i.needs <= flags), None)
+    if chosen is None:
+        raise Unavailable(f"this CPU lacks {', '.join(sorted(NEEDED_FLAGS - flags))}")
+    return chosen
 
 
 def _ov_dirs() -> tuple[Path, Path, str, str]:
@@ -46,38 +88,72 @@ def _ov_dirs() -> tuple[Path, Path, str, str]:
     return root / "include", libs, core.name, tbb.name
 
 
-def _compiler() -> str:
-    cxx = shutil.which(os.environ.get("CXX") or "c++") or shutil.which("g++")
-    if not cxx:
-        raise Unavailable("no C++ compiler (c++ or g++, or $CXX) to build the low-bit matmul kernel")
-    return cxx
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CXX") or "c++") or shutil.which("g++")
 
 
-def built_path() -> Path:
-    """Where the library for this source and this OpenVINO is (or will be) built."""
+@functools.cache
+def _compiler_key(cxx: str) -> str:
+    """The compiler's own words for what it is (its --version's first line), and where it is."""
+    try:
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        version = ""
+    return hashlib.sha256(f"{os.path.realpath(cxx)}\0{version.partition(chr(10))[0]}".encode()).hexdigest()[:8]
+
+
+def source_key(path: Isa) -> str:
+    """What a library's code is a function of, but the compiler: source, OpenVINO, flags, path."""
     texts = [p.read_text() for p in (SOURCE, *HEADERS)]
-    key = hashlib.sha256("\0".join([*texts, ov.__version__, *_FLAGS]).encode()).hexdigest()[:16]
-    return cache_root() / "lowbit" / key / "liblowbit_matmul.so"
+    digest = hashlib.sha256("\0".join([*texts, ov.__version__, *_FLAGS, *path.flags]).encode()).hexdigest()[:16]
+    return f"{path.name}-{digest}"
+
+
+def _ahead(path: Isa) -> Path | None:
+    ahead = os.environ.get(KERNEL_DIR)
+    target = Path(ahead) / source_key(path) / NAME if ahead else None
+    return target if target is not None and target.is_file() else None
+
+
+def _cached(path: Isa) -> Path | None:
+    """One built into the cache by any compiler (e.g. one since removed)."""
+    return next(iter(sorted((cache_root() / "lowbit").glob(f"{source_key(path)}-*/{NAME}"))), None)
 
 
 @functools.cache
 def library() -> Path:
-    """The library, built if it is not yet, where this CPU can run it; raises Unavailable."""
-    missing = NEEDED_FLAGS - cpu_flags()
-    if missing:
-        raise Unavailable(f"this CPU lacks {', '.join(sorted(missing))}")
-    return compile_library()
+    """The library of this CPU's path, found or built, and loaded once to check it; raises
+    Unavailable."""
+    path = isa()
+    target = _ahead(path)
+    if target is None:
+        cxx = _compiler()
+        target = build(path, cache_root() / "lowbit" / f"{source_key(path)}-{_compiler_key(cxx)}", cxx) if cxx \
+            else _cached(path)
+    if target is None:
+        raise Unavailable("no C++ compiler (c++ or g++, or $CXX) to build the low-bit matmul kernel")
+    try:
+        ov.Core().add_extension(str(target))
+    except RuntimeError as e:
+        raise Unavailable(f"the low-bit kernel at {target} does not load: {str(e).strip().splitlines()[-1]}") from e
+    return target
 
 
-def compile_library() -> Path:
-    """The library for this source and OpenVINO, built if it is not yet (whatever this CPU: the
-    Docker image builds it where its compiler is, then drops the compiler)."""
-    target = built_path()
-    if target.is_file():  # built earlier, maybe where a compiler was (the Docker image's build)
+def build(path: Isa, directory: Path, cxx: str | None = None) -> Path:
+    """`path`'s library in `directory`, built if it is not there yet (whatever this CPU)."""
+    target = directory / NAME
+    if target.is_file():
         return target
+    cxx = cxx or _compiler()
+    if not cxx:
+        raise Unavailable("no C++ compiler (c++ or g++, or $CXX) to build the low-bit matmul kernel")
+    _compile(path, cxx, target)
+    return target
+
+
+def _compile(path: Isa, cxx: str, target: Path) -> None:
     include, libs, core, tbb = _ov_dirs()
-    cxx = _compiler()
-    cmd = [cxx, *_FLAGS, "-shared", "-fPIC", str(SOURCE), f"-I{include}", f"-L{libs}",
+    cmd = [cxx, *_FLAGS, *path.flags, "-shared", "-fPIC", str(SOURCE), f"-I{include}", f"-L{libs}",
            f"-l:{core}", f"-l:{tbb}", f"-Wl,-rpath,{libs}", "-o"]
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -91,4 +167,18 @@ def compile_library() -> Path:
             os.replace(out, target)  # atomic: servers starting at once each build, one file wins
     except (OSError, subprocess.TimeoutExpired) as e:
         raise Unavailable(f"cannot build the low-bit matmul kernel into {target.parent}: {e}") from e
-    return target
+
+
+def main(argv: list[str]) -> int:
+    """`python -m vinoserve.model.lowbit.build DIR`: every path built into DIR, for
+    $VINOSERVE_KERNEL_DIR (the Docker image's build)."""
+    if len(argv) != 1:
+        print("usage: python -m vinoserve.model.lowbit.build DIR", file=sys.stderr)
+        return 2
+    for path in ISAS:
+        print(build(path, Path(argv[0]) / source_key(path)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,7 +1,8 @@
 // vinoserve::LowBitMatMul, an OpenVINO extension op: y[m, n] = sum_k x[m, k] * w[n, k] for 4-, 6- or
 // 8-bit weights in groups along k: the decode model's steps (AMX CPUs), or every product of the
 // one compilation, prompts included (AVX512_BF16 CPUs without AMX; cpu_defaults.py). Its
-// arithmetic and weight layout: lowbit_kernels.hpp.
+// arithmetic and weight layout: lowbit_layout.hpp; its kernels, one file an instruction set:
+// lowbit_kernels_avx512.hpp (AVX-512 VNNI), lowbit_kernels_avx2.hpp (AVX2, and AVX-VNNI where the CPU has it).
 //
 // Why: the CPU plugin's int8-activation kernel for compressed weights runs a one-token product at
 // about 48 ps a 4-bit weight on a 2-core Emerald Rapids, well below what the cores read from memory
@@ -25,7 +26,13 @@
 #include <openvino/op/op.hpp>
 
 #include "lowbit_gather.hpp"
-#include "lowbit_kernels.hpp"
+// One instruction set's path a library (build.py builds one per path, with its compiler flags)
+#if defined(VINOSERVE_LOWBIT_AVX2)
+#include "lowbit_kernels_avx2.hpp"
+#else
+#include "lowbit_kernels_avx512.hpp"
+#endif
+#include "lowbit_multiply.hpp"
 
 namespace vinoserve {
 class LowBitMatMul : public ov::op::Op {

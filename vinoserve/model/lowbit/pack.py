@@ -1,4 +1,4 @@
-"""The kernel's weight layout (lowbit_kernels.hpp): rows in tiles of 16, per tile and group the
+"""The kernel's weight layout (lowbit_layout.hpp): rows in tiles of 16, per tile and group the
 64-byte chunks one VNNI dot product reads (16 rows x 4 consecutive weights), and the per-row
 scales of a tile and group side by side."""
 from __future__ import annotations

@@ -1,30 +1,5 @@
-// The arithmetic of vinoserve::LowBitMatMul (lowbit_matmul.cpp), included by it alone: x quantized
-// to int8, then tiles of 16 weight rows against rows of x.
-//
-// As llama.cpp's q8 dot products: each row of x is quantized to int8 per group of the weights
-// (scale amax / 127), the integer dot products are exact in int32 (VNNI), and per group
-//     y += (sum_i u_i * xq_i - bias * sum_i xq_i) * scale * xd (+ offset * sum_i x_i)
-// where u = q + bias is the weight made unsigned (bias 8 for i4, 128 for i8, 0 for unsigned types).
-// In two planes each row of x is two int8 rows: its rounding and the rounding of what that left,
-// summed as two rows' products (lowbit_activations.hpp). The offset (a block's minimum, Q4_1 / Q4_K)
-// multiplies the exact sum of the group's inputs, not of their int8 roundings (llama.cpp's q8_1
-// sum): with the rounded sums the built-in Q4_1 model's long-context perplexity was 1.015x f32's,
-// with exact ones 0.992x (the plugin's correction product, which this replaces, reads exact sums).
-//
-// Weight layout (written by pack.py): rows in tiles of 16, per tile and group the bytes one
-// vpdpbusd reads: chunk c holds, for each of the 16 rows, 4 consecutive weights (64 bytes).
-// 8-bit: chunk c = weights 4c..4c+3 of the group. 4-bit: the low nibbles of chunk c are weights
-// 4c..4c+3 and the high nibbles weights 4(c + H)..4(c + H)+3, H = group / 8. 6-bit (Q6_K's
-// values, 0.75 bytes a weight where 8 bits took 1) and 5-bit (Q5_K's, 0.625): their low four bits
-// as the 4-bit layout, then the rest in 64-byte planes (top_bits).
-// Scales (and offsets) per tile and group: 16 floats, one per row: f32, or f16 given as bytes (the
-// plugin widens an f16 constant to f32: Q4_0 read 5 bits a weight, not the file's 4.5); or, for
-// K-quants (block_shift >= 0), factored as the file stores them, in bytes: per tile and block of
-// 2^block_shift groups 16 f16s, then per group 16 int8s, or (factor_bits 6: Q4_K's, Q5_K's) 16
-// 6-bit integers in 12 bytes; scale = f16 * integer, exact in f32. An offset's factors are the
-// block minimum's, o; the kernel adds back centre * scale, the centring weights.py applied (8 for
-// Q4_K, 16 for Q5_K), rounded once as numpy's f32 sum was: offset = fma(scale, centre, o). 0.5625
-// bytes a Q4_K weight (the file's) instead of 0.75, 0.82 a Q6_K one instead of 1.
+// The AVX-512 VNNI path of vinoserve::LowBitMatMul's arithmetic (lowbit_layout.hpp says what it
+// computes and the weights' layout): 16 weight rows a zmm register, one vpdpbusd a 64-byte chunk.
 #pragma once
 
 #include <immintrin.h>
@@ -35,20 +10,11 @@
 #include <cstring>
 #include <vector>
 
-#include "lowbit_activations.hpp"
+#include "lowbit_activations_avx512.hpp"
+#include "lowbit_layout.hpp"
 
 namespace vinoserve {
 namespace {
-
-struct Weights {
-    const uint8_t* q;
-    const void* scale;   // plain: f16 (as bytes) or f32 per group; factored: bytes as above
-    const void* offset;  // nullptr: none
-    bool f16;
-    int bits, group, bias, centre, block_shift, factor_bits;  // block_shift < 0: plain floats
-    size_t n, k, prefetch;
-    size_t tile_bytes() const { return 16 * k * bits / 8; }
-};
 
 inline __m512 load_half(const void* p, size_t i) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
@@ -94,11 +60,6 @@ inline void group_floats(const Weights& w, size_t t, size_t g, size_t groups, __
                       : _mm512_setzero_ps();
 }
 
-// 5- and 6-bit weights keep their bits above the low four in 64-byte planes after those: per
-// chunk one bit (5: bit c % 8 of plane c / 8) or two (6: bits 2(c % 4) of plane c / 4).
-template <int BITS>
-constexpr bool TOP_PLANES = BITS == 5 || BITS == 6;
-
 // Chunk c's top bits, moved to bits 4 (-5) of each byte, the rest zero.
 template <int BITS>
 inline __m512i top_bits(const uint8_t* planes, int c) {
@@ -142,22 +103,9 @@ inline __m512 accumulate(const Weights& w, const Activations& a, size_t ag, __m5
     return w.offset ? _mm512_fmadd_ps(offset, _mm512_set1_ps(a.sum[ag]), acc) : acc;
 }
 
-// Where the outputs go: y's columns in one part, or in up to 4 of whole tiles, each its own tensor
-// (a fused q/k/v or gate/up product, split as it is stored rather than copied by a node after it).
-struct Outputs {
-    static constexpr int MAX = 4;
-    float* data[MAX];
-    size_t n[MAX], first_tile[MAX];
-    int parts;
-    const size_t* rows = nullptr;  // y's row for each row of the activations (nullptr: the same)
-};
-
 inline void store(const Outputs& y, size_t t, size_t row, const __m512& acc) {
-    int p = 0;
-    while (p + 1 < y.parts && t >= y.first_tile[p + 1]) p++;
-    const size_t col = (t - y.first_tile[p]) * 16, live = std::min<size_t>(16, y.n[p] - col);
-    const size_t at = y.rows ? y.rows[row] : row;
-    _mm512_mask_storeu_ps(y.data[p] + at * y.n[p] + col, static_cast<__mmask16>((1u << live) - 1), acc);
+    const Column c = column(y, t, row);
+    _mm512_mask_storeu_ps(c.at, static_cast<__mmask16>((1u << c.live) - 1), acc);
 }
 
 // Tile t against MB rows of x from row m0, groups outermost (a group's weights unpacked into
@@ -308,62 +256,6 @@ void run_tile(const Weights& w, const Activations& a, size_t rows, size_t t, boo
     if (m + 4 <= rows) { tile_kernel<4, BITS, Q, P>(w, a, m, t, y); m += 4; }
     if (m + 2 <= rows) { tile_kernel<2, BITS, Q, P>(w, a, m, t, y); m += 2; }
     if (m < rows) tile_kernel<1, BITS, Q, P>(w, a, m, t, y);
-}
-
-using TileFn = void (*)(const Weights&, const Activations&, size_t, size_t, bool, const Outputs&);
-
-template <int P>
-TileFn pick_planes(int bits, int group) {
-    if (bits == 4 && group == 32) return run_tile<4, 8, P>;
-    if (bits == 4 && group == 16) return run_tile<4, 4, P>;
-    if (bits == 5 && group == 32) return run_tile<5, 8, P>;
-    if (bits == 6 && group == 32) return run_tile<6, 8, P>;
-    if (bits == 6 && group == 16) return run_tile<6, 4, P>;
-    if (bits == 8 && group == 32) return run_tile<8, 8, P>;
-    if (bits == 8 && group == 16) return run_tile<8, 4, P>;
-    return nullptr;
-}
-
-TileFn pick(int bits, int group, int planes) {
-    return planes == 1 ? pick_planes<1>(bits, group) : planes == 2 ? pick_planes<2>(bits, group) : nullptr;
-}
-
-// Rows of x taken in one count of planes: their activations, and where their outputs go.
-struct RowSet {
-    Activations a;
-    size_t rows;
-    TileFn fn;
-    Outputs y;
-    std::vector<size_t> picked;  // the rows of x (empty: all of them, in order)
-};
-
-RowSet row_set(const float* x, const Weights& w, size_t rows, int planes, std::vector<size_t> picked, const Outputs& y) {
-    const size_t count = picked.empty() ? rows : picked.size();
-    RowSet set{quantize(x, count, w.k, w.group, planes, picked.empty() ? nullptr : picked.data()), count,
-               pick(w.bits, w.group, planes), y, std::move(picked)};
-    set.y.rows = set.picked.empty() ? nullptr : set.picked.data();
-    return set;
-}
-
-// Every set against every tile: one contiguous share of the tiles a thread (the rows are equal
-// work, and a step's ~200 calls each pay the split), each tile (or pair, from PAIR_ROWS rows)
-// against each set in turn while its weights are in cache.
-void multiply(const Weights& w, const std::vector<RowSet>& sets) {
-    const size_t tiles = (w.n + 15) / 16;
-    const bool paired = std::any_of(sets.begin(), sets.end(), [](const RowSet& s) { return s.rows >= PAIR_ROWS; });
-    const size_t step = paired ? 2 : 1, units = (tiles + step - 1) / step;
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, units), [&](const tbb::blocked_range<size_t>& r) {
-        for (size_t i = r.begin(); i != r.end(); i++) {
-            const size_t t = i * step, end = std::min(t + step, tiles);
-            for (const RowSet& s : sets) {
-                if (s.rows >= PAIR_ROWS) {
-                    s.fn(w, s.a, s.rows, t, end - t == 2, s.y);
-                } else {
-                    for (size_t u = t; u < end; u++) s.fn(w, s.a, s.rows, u, false, s.y);
-                }
-            }
-        }
-    }, tbb::static_partitioner());
 }
 
 }  // namespace

@@ -1,0 +1,273 @@
+// The AVX2 path of vinoserve::LowBitMatMul's arithmetic (lowbit_layout.hpp says what it computes
+// and the weights' layout), for every x86-64 CPU with AVX2, FMA and F16C: a tile's 16 weight rows
+// in two halves of 8, one ymm register each; the float steps per row are the AVX-512 path's, so
+// both give the same outputs bit for bit.
+//
+// Without VNNI the integer products are llama.cpp's AVX2 ones: vpmaddubsw multiplies unsigned
+// weights by signed x and adds pairs into 16 bits, vpmaddwd by ones widens to 32. 4-bit weights
+// keep a whole group's pair sums in 16 bits (8 chunks of at most 2 * 15 * 128), 5-bit 4 chunks,
+// 6-bit 2; 8-bit weights take their sign as llama.cpp's q8_0 does (|w| times x with w's sign),
+// since 255 * 128 * 2 overflows 16 bits. Built with AVX-VNNI (Alder Lake and later, Zen 5),
+// vpdpbusd on ymm does each chunk in one instruction into 32 bits.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "lowbit_activations_avx2.hpp"
+#include "lowbit_layout.hpp"
+
+namespace vinoserve {
+namespace {
+
+#if defined(__AVXVNNI__)
+constexpr bool VNNI = true;
+#else
+constexpr bool VNNI = false;
+#endif
+
+// Chunks whose pair sums add up in 16 bits without overflow (|x| <= 128, u < 2^BITS).
+template <int BITS>
+constexpr int IN16 = 32767 / (2 * 128 * ((1 << BITS) - 1));
+
+// Sums a chunk at a time in 32 bits (VNNI, or 8-bit weights' signed products), else in 16 first.
+template <int BITS>
+constexpr bool WIDE = VNNI || BITS == 8;
+
+inline __m256 load_half(const void* p, size_t i) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i)));
+}
+
+inline __m256 load_floats(const void* p, bool f16, size_t i) {
+    return f16 ? load_half(p, i) : _mm256_loadu_ps(static_cast<const float*>(p) + i);
+}
+
+// Rows 8h..8h+7 of 16 integers of 6 bits (row j's at bits 6j of 12 bytes), as int32s: bytes
+// 6h..6h+5, each 64-bit lane shifted to two of them.
+inline __m256i six_bits(const uint8_t* p, int h) {
+    uint64_t v = 0;
+    std::memcpy(&v, p + 6 * h, 6);
+    const __m256i all = _mm256_set1_epi64x(static_cast<long long>(v)), mask = _mm256_set1_epi64x(63);
+    const __m256i even = _mm256_and_si256(_mm256_srlv_epi64(all, _mm256_setr_epi64x(0, 12, 24, 36)), mask);
+    const __m256i odd = _mm256_and_si256(_mm256_srlv_epi64(all, _mm256_setr_epi64x(6, 18, 30, 42)), mask);
+    return _mm256_or_si256(even, _mm256_slli_epi64(odd, 32));
+}
+
+// Factored: half h of the f16s of group g's block times g's integers (g counted over all tiles).
+inline __m256 load_factored(const void* p, size_t g, const Weights& w, int h) {
+    const size_t block = size_t{1} << w.block_shift, ints = w.factor_bits == 6 ? 12 : 16;
+    const uint8_t* at = static_cast<const uint8_t*>(p) + (g >> w.block_shift) * (32 + ints * block);
+    const uint8_t* q = at + 32 + ints * (g & (block - 1));
+    const __m256i q32 = w.factor_bits == 6 ? six_bits(q, h)
+                                           : _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * h)));
+    return _mm256_mul_ps(load_half(at, 8 * h), _mm256_cvtepi32_ps(q32));
+}
+
+// Half h of a tile's 8 scales and offsets of group g (groups: the row's).
+inline void group_floats(const Weights& w, size_t t, size_t g, size_t groups, int h, __m256& scale, __m256& offset) {
+    const size_t at = t * groups + g;
+    if (w.block_shift < 0) {
+        scale = load_floats(w.scale, w.f16, at * 16 + 8 * h);
+        offset = w.offset ? load_floats(w.offset, w.f16, at * 16 + 8 * h) : _mm256_setzero_ps();
+        return;
+    }
+    scale = load_factored(w.scale, at, w, h);
+    offset = w.offset ? _mm256_fmadd_ps(scale, _mm256_set1_ps(static_cast<float>(w.centre)), load_factored(w.offset, at, w, h))
+                      : _mm256_setzero_ps();
+}
+
+// Chunk c's top bits for half h, moved to bits 4 (-5) of each byte, the rest zero.
+template <int BITS>
+inline __m256i top_bits(const uint8_t* planes, int c, int h) {
+    constexpr int PER = BITS == 6 ? 4 : 8;  // chunks a plane
+    const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(planes + c / PER * 64 + 32 * h));
+    const int shift = 4 - (BITS - 4) * (c % PER);
+    const __m256i moved = shift >= 0 ? _mm256_slli_epi16(p, shift) : _mm256_srli_epi16(p, -shift);
+    return _mm256_and_si256(moved, _mm256_set1_epi8(BITS == 6 ? 0x30 : 0x10));
+}
+
+// Half h of chunks c and c + Q / 2 of a tile's group at q, as unsigned bytes (8-bit weights
+// without VNNI: signed, w = u - 128, for their sign).
+template <int BITS, int Q>
+inline void unpack(const uint8_t* q, int c, int h, __m256i& lo, __m256i& hi) {
+    const auto load = [](const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); };
+    if constexpr (BITS == 8) {
+        lo = load(q + c * 64 + 32 * h);
+        hi = load(q + (c + Q / 2) * 64 + 32 * h);
+        if constexpr (!VNNI) {
+            lo = _mm256_xor_si256(lo, _mm256_set1_epi8(-128));
+            hi = _mm256_xor_si256(hi, _mm256_set1_epi8(-128));
+        }
+    } else {
+        const __m256i low = _mm256_set1_epi8(0x0F), v = load(q + c * 64 + 32 * h);
+        lo = _mm256_and_si256(v, low);
+        hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        if constexpr (TOP_PLANES<BITS>) {
+            lo = _mm256_or_si256(lo, top_bits<BITS>(q + Q * 32, c, h));
+            hi = _mm256_or_si256(hi, top_bits<BITS>(q + Q * 32, c + Q / 2, h));
+        }
+    }
+}
+
+// One chunk's products of 8 rows' 4 weights u with x's 4 bytes (broadcast in xb): into the 32-bit
+// sums s (WIDE), or the 16-bit pair sums p.
+template <int BITS>
+inline void dot(__m256i u, __m256i xb, __m256i& s, __m256i& p) {
+    if constexpr (VNNI) {
+        s = _mm256_dpbusd_avx_epi32(s, u, xb);
+    } else if constexpr (BITS == 8) {
+        const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(u, u), _mm256_sign_epi8(xb, u));
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+    } else {
+        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(u, xb));
+    }
+}
+
+// What a tile's weights read as floats for all the rows of x, prepared once where rows come in
+// blocks (a prompt): per group 16 scales and offsets; 5- and 6-bit weights unpacked, per group,
+// chunk and half 32 bytes. In the thread's buffers, kept between calls (as the AVX-512 path's).
+template <int BITS, int Q>
+struct TileFloats {
+    const size_t groups;
+    float *scale, *offset;
+    __m256i* bytes;  // 5- and 6-bit weights only
+
+    TileFloats(const Weights& w, size_t t) : groups(w.k / w.group) {
+        static thread_local std::vector<__m256> floats;
+        static thread_local std::vector<__m256i> unpacked;
+        floats.resize(std::max(floats.size(), 4 * groups));
+        scale = reinterpret_cast<float*>(floats.data());
+        offset = w.offset ? scale + groups * 16 : nullptr;
+        if constexpr (TOP_PLANES<BITS>) unpacked.resize(std::max(unpacked.size(), 2 * groups * Q));
+        bytes = TOP_PLANES<BITS> ? unpacked.data() : nullptr;
+        const uint8_t* q = w.q + t * w.tile_bytes();
+        for (size_t g = 0; g < groups; g++, q += Q * BITS * 8)
+            for (int h = 0; h < 2; h++) {
+                __m256 s, o;
+                group_floats(w, t, g, groups, h, s, o);
+                _mm256_storeu_ps(&scale[g * 16 + 8 * h], s);
+                if (w.offset) _mm256_storeu_ps(&offset[g * 16 + 8 * h], o);
+                if constexpr (TOP_PLANES<BITS>)
+                    for (int c = 0; c < Q / 2; c++) unpack<BITS, Q>(q, c, h, bytes[at(g, c, h)], bytes[at(g, c + Q / 2, h)]);
+            }
+    }
+
+    size_t at(size_t g, int c, int h) const { return (g * 2 + h) * Q + c; }  // a chunk's half in `bytes`
+};
+
+inline void store(const Outputs& y, size_t t, size_t row, int h, __m256 acc) {
+    const Column c = column(y, t, row);
+    const size_t first = 8 * h;
+    if (c.live >= first + 8) {
+        _mm256_storeu_ps(c.at + first, acc);
+    } else if (c.live > first) {
+        const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        _mm256_maskstore_ps(c.at + first, _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(c.live - first)), lanes), acc);
+    }
+}
+
+// H halves of tile t from half h0 against MB rows of x from m0, groups outermost, a group's chunks
+// unrolled. P: planes a row of x was quantized to; their sums are chains of their own, and with
+// one plane and VNNI a chunk's low and high halves are (vpdpbusd's latency). `f`: the tile's
+// floats prepared, or nullptr (read here: a decode step reads each once).
+template <int MB, int H, int BITS, int Q, int P>
+void half_kernel(const Weights& w, const Activations& a, const TileFloats<BITS, Q>* f, size_t m0, size_t t, int h0,
+                 const Outputs& y) {
+    constexpr int C = P == 2 || VNNI ? 2 : 1;  // chains of sums
+    const size_t groups = w.k / (4 * Q);
+    const uint8_t* q = w.q + t * w.tile_bytes();
+    __m256 acc[H][MB];
+    for (int j = 0; j < H; j++)
+        for (int m = 0; m < MB; m++) acc[j][m] = _mm256_setzero_ps();
+    for (size_t g = 0; g < groups; g++, q += Q * BITS * 8) {
+        if (!f) for (int l = 0; l < Q * BITS / 4; l++) _mm_prefetch(reinterpret_cast<const char*>(q) + w.prefetch + 64 * l, _MM_HINT_T0);
+        __m256i s[C][H][MB], p[C][H][MB];
+        for (int i = 0; i < C; i++)
+            for (int j = 0; j < H; j++)
+                for (int m = 0; m < MB; m++) s[i][j][m] = p[i][j][m] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int c = 0; c < Q / 2; c++) {
+            __m256i u[H][2];
+            for (int j = 0; j < H; j++) {
+                if constexpr (TOP_PLANES<BITS>) {
+                    if (f) {
+                        u[j][0] = f->bytes[f->at(g, c, h0 + j)];
+                        u[j][1] = f->bytes[f->at(g, c + Q / 2, h0 + j)];
+                        continue;
+                    }
+                }
+                unpack<BITS, Q>(q, c, h0 + j, u[j][0], u[j][1]);
+            }
+            for (int half = 0; half < 2; half++)
+                for (int m = 0; m < MB; m++) {
+                    const int32_t* x4 = reinterpret_cast<const int32_t*>(a.q.get() + (m0 + m) * P * w.k + g * 4 * Q) + c + half * Q / 2;
+                    for (int pl = 0; pl < P; pl++) {
+                        const int i = P == 2 ? pl : (C == 2 ? half : 0);
+                        const __m256i xb = _mm256_set1_epi32(x4[pl * w.k / 4]);
+                        for (int j = 0; j < H; j++) dot<BITS>(u[j][half], xb, s[i][j][m], p[i][j][m]);
+                    }
+                }
+            if constexpr (!WIDE<BITS>) {
+                if ((2 * c + 2) % IN16<BITS> == 0 || c == Q / 2 - 1)  // widen before 16 bits overflow
+                    for (int i = 0; i < C; i++)
+                        for (int j = 0; j < H; j++)
+                            for (int m = 0; m < MB; m++) {
+                                s[i][j][m] = _mm256_add_epi32(s[i][j][m], _mm256_madd_epi16(p[i][j][m], _mm256_set1_epi16(1)));
+                                p[i][j][m] = _mm256_setzero_si256();
+                            }
+            }
+        }
+        for (int j = 0; j < H; j++) {
+            __m256 scale, offset;
+            if (f) {
+                scale = _mm256_loadu_ps(f->scale + g * 16 + 8 * (h0 + j));
+                offset = w.offset ? _mm256_loadu_ps(f->offset + g * 16 + 8 * (h0 + j)) : _mm256_setzero_ps();
+            } else {
+                group_floats(w, t, g, groups, h0 + j, scale, offset);
+            }
+            for (int m = 0; m < MB; m++) {
+                const size_t ag = (m0 + m) * groups + g;
+                // the weights' bias (8-bit without VNNI: their sign's 128 is in the products already)
+                const int bias = BITS == 8 && !VNNI ? w.bias - 128 : w.bias;
+                __m256i sum = P == 2 ? _mm256_add_epi32(_mm256_slli_epi32(s[0][j][m], 8), s[1][j][m])
+                                     : (C == 2 ? _mm256_add_epi32(s[0][j][m], s[1][j][m]) : s[0][j][m]);
+                sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(bias * a.s[ag]));
+                acc[j][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(scale, _mm256_set1_ps(a.d[ag])), acc[j][m]);
+                if (w.offset) acc[j][m] = _mm256_fmadd_ps(offset, _mm256_set1_ps(a.sum[ag]), acc[j][m]);
+            }
+        }
+    }
+    for (int j = 0; j < H; j++)
+        for (int m = 0; m < MB; m++) store(y, t, m0 + m, h0 + j, acc[j][m]);
+}
+
+// Tile t (and t + 1 with `pair`) against every row of x: rows in blocks, a half tile at a time
+// over the tile's prepared floats, from PAIR_ROWS rows; else both halves at once, two rows (one
+// of two planes) at a time, as the 16 ymm registers hold them.
+template <int BITS, int Q, int P>
+void run_tile(const Weights& w, const Activations& a, size_t rows, size_t t, bool pair, const Outputs& y) {
+    for (size_t u = t; u < t + (pair ? 2 : 1); u++) {
+        size_t m = 0;
+        if (rows >= PAIR_ROWS) {
+            constexpr int MB = P == 2 ? 3 : 4;
+            const TileFloats<BITS, Q> f(w, u);
+            for (int h = 0; h < 2; h++) {
+                for (m = 0; m + MB <= rows; m += MB) half_kernel<MB, 1, BITS, Q, P>(w, a, &f, m, u, h, y);
+                if (m + 2 <= rows) { half_kernel<2, 1, BITS, Q, P>(w, a, &f, m, u, h, y); m += 2; }
+                if (m < rows) half_kernel<1, 1, BITS, Q, P>(w, a, &f, m, u, h, y);
+            }
+            continue;
+        }
+        if constexpr (P == 1)
+            for (; m + 2 <= rows; m += 2) half_kernel<2, 2, BITS, Q, P>(w, a, nullptr, m, u, 0, y);
+        for (; m < rows; m++) half_kernel<1, 2, BITS, Q, P>(w, a, nullptr, m, u, 0, y);
+    }
+}
+
+}  // namespace
+}  // namespace vinoserve
