@@ -101,7 +101,9 @@ def _generation_args(p: argparse.ArgumentParser) -> None:
                    help='on top of those, e.g. \'{"temperature": 0.7, "max_new_tokens": 512}\'')
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for `argv` (default: this process's arguments): the benchmarks' parsers, which
+    import every benchmark, only when the command is `bench`."""
     parser = argparse.ArgumentParser(prog="vinoserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -134,9 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
     _compile_args(chat)
     _generation_args(chat)
     add_chat_arguments(chat)
-    from vinoserve.bench.cli import add_bench_parser
+    if (sys.argv[1:] if argv is None else argv)[:1] == ["bench"]:
+        from vinoserve.bench.cli import add_bench_parser
 
-    add_bench_parser(sub)
+        add_bench_parser(sub)
+    else:
+        sub.add_parser("bench", help="benchmarks (`vinoserve bench --help` lists them)")
     for p in (prepare, gen, srv, chat):
         _defaults_from_environment(p)
     return parser
@@ -228,7 +233,7 @@ def _generate(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     from vinoserve.model.errors import ModelLoadError, one_line
 
     try:
