@@ -154,6 +154,11 @@ class AsyncLLMEngine:
         return self.engine.model.config.vocab_size
 
     @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The ids that end a sequence (the model's and its tokenizer's), which min_tokens holds back."""
+        return self.engine.eos_token_ids
+
+    @property
     def grammars(self) -> GrammarCompiler:
         """Compiles output constraints for this model's vocabulary (thread-safe, cached)."""
         return self.engine.grammars

@@ -86,8 +86,21 @@ class SamplingParams:
         for token, bias in self.logit_bias:
             if token < 0 or not -100 <= bias <= 100:
                 _fail("logit_bias", "maps token ids >= 0 to values in [-100, 100]", {token: bias})
+        if any(t < 0 for t in self.stop_token_ids):
+            _fail("stop_token_ids", "must be token ids >= 0", list(self.stop_token_ids))
         if self.n < 1:
             _fail("n", "must be >= 1", self.n)
+
+    def check_vocabulary(self, vocab_size: int, eos_token_ids: Collection[int] = ()) -> None:
+        """ValueError naming the field that holds a token id outside [0, vocab_size): the sampler
+        indexes the logits row with them (a stop token held back by min_tokens, a biased one);
+        or whose stop tokens, with EOS, are every token, which min_tokens would all hold back."""
+        for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", [t for t, _ in self.logit_bias])):
+            if outside := [t for t in ids if not 0 <= t < vocab_size]:
+                _fail(name, f"must be token ids in [0, {vocab_size})", outside[0])
+        if self.min_tokens and len({*self.stop_token_ids, *eos_token_ids}) >= vocab_size:
+            _fail("stop_token_ids", "with EOS may not be every token while min_tokens holds them back",
+                  f"{len(set(self.stop_token_ids))} ids")
 
 
 def _fail(name: str, rule: str, value: object) -> None:

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from vinoserve.scheduler.grammar import GrammarSpec
 from vinoserve.scheduler.sampling_params import SamplingParams
+from vinoserve.server.chat_render import render_prompt
 from vinoserve.server.echo import PromptScoring, prompt_scoring
 from vinoserve.server.errors import APIError, invalid
 from vinoserve.server.event_stream import ChoiceText, ParsedText, PlainText
@@ -104,9 +105,11 @@ def chat_prompt_text(setup: ChatSetup, tokenizer, req: ChatCompletionRequest, to
     for m in messages:
         if isinstance(m.get("content"), list):  # text parts only: this is a text model
             m["content"] = "".join(p.get("text") or "" for p in m["content"] if p.get("type") == "text")
+    if not setup.template:
+        raise APIError(400, "this model has no chat template (--chat-template gives one)", "messages")
     messages, extra = setup.tool_format.render(messages, tools, setup.template)
-    try:
+
+    def render(kw: dict) -> str:
         return tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
-                                             chat_template=setup.template or None, **extra, **kwargs)
-    except ValueError as e:
-        raise APIError(400, str(e), "messages") from e
+                                             chat_template=setup.template, **extra, **kw)
+    return render_prompt(render, kwargs, setup.template_name)

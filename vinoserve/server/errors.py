@@ -76,7 +76,7 @@ def invalid(errs: list[dict]) -> APIError:
     first = min(same, key=lambda x: (x.get("type", "").endswith("_type"), -len(x.get("loc", ())))) if same else {}
     loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _UNION_TAG.search(str(p))]
     param = ".".join(loc) or None
-    message = first.get("msg", "invalid request")
+    message = first.get("msg", "invalid request").removeprefix("Value error, ")  # our validators' own words
     if first.get("type") == "json_invalid":
         message, param = "the request body is not valid JSON", None
     return APIError(400, f"{param}: {message}" if param else message, param)

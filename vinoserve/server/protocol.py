@@ -26,6 +26,15 @@ def unsupported(why: str, kind: object = None):
     return Annotated[kind, BeforeValidator(check)]
 
 
+def unsupported_list(why: str):
+    """A list field this server cannot honour: null and [] (which change nothing) are accepted."""
+    def check(value: object) -> object:
+        if value:
+            raise ValueError(why)
+        return value
+    return Annotated[Annotated[list, Field(max_length=0)] | None, BeforeValidator(check)]
+
+
 class StreamOptions(_Request):
     include_usage: bool = False
 
@@ -105,7 +114,11 @@ class _Sampling(_Request):
     top_k: bounded_int(ge=-1) | None = None
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0)
-    stop_token_ids: list[TokenId] | None = None
+    stop_token_ids: list[VocabTokenId] | None = None
+    # vLLM's, which would change the output: refused rather than ignored
+    allowed_token_ids: unsupported_list("allowed_token_ids is not supported; logit_bias or guided_choice "
+                                        "steer the output instead") = None
+    bad_words: unsupported_list("bad_words is not supported; logit_bias with -100 bans tokens instead") = None
     ignore_eos: bool = False
     min_tokens: Int = Field(0, ge=0)
     skip_special_tokens: bool = True  # false: special tokens the model writes are part of the text

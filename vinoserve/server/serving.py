@@ -36,6 +36,7 @@ class ChatSetup:
     template: str  # --chat-template's text, else the model's own ("" when it has none)
     tool_format: ToolFormat
     reasoning: ReasoningFormat | None
+    template_name: str = "the model's chat template"  # what an error in rendering it calls it
 
     @classmethod
     def build(cls, tokenizer: Tokenizer, chat_template: str | None = None, tool_call_parser: str = "auto",
@@ -45,7 +46,8 @@ class ChatSetup:
         special = {tokenizer.token_bytes[i].decode("utf-8", "replace"): i
                    for i in sorted(tokenizer.special_token_ids) if i < len(tokenizer.token_bytes)}
         return cls(template, select_tool_format(tool_call_parser, template, special),
-                   select_reasoning(reasoning_parser, template))
+                   select_reasoning(reasoning_parser, template),
+                   "the chat template of --chat-template" if chat_template is not None else cls.template_name)
 
     def describe(self) -> str:
         reasoning = self.reasoning.name if self.reasoning else "none"
@@ -88,12 +90,11 @@ class Serving:
         # prefill, else refused) gets a context's worth.
         remaining = self.engine.max_context - prompt_len if prompt_len < self.engine.max_context \
             else self.engine.max_context
+        bias = req.logit_bias or {}
+        if any(not (t.isascii() and t.isdigit()) for t in bias):  # int() would take "+5", " 5", "5_0"
+            raise APIError(400, "logit_bias keys must be token ids, written in decimal digits", "logit_bias")
         try:
-            bias = tuple((int(t), b) for t, b in (req.logit_bias or {}).items())
-        except ValueError as e:
-            raise APIError(400, "logit_bias keys must be token ids", "logit_bias") from e
-        try:
-            return SamplingParams(
+            params = SamplingParams(
                 max_tokens=max_tokens if max_tokens is not None else min(model.max_tokens or remaining, remaining),
                 temperature=_first(req.temperature, model.temperature, base.temperature),
                 top_p=_first(req.top_p, model.top_p, base.top_p),
@@ -103,9 +104,11 @@ class Serving:
                 presence_penalty=req.presence_penalty or 0.0, frequency_penalty=req.frequency_penalty or 0.0,
                 seed=req.seed, stop=tuple(stop), stop_token_ids=tuple(req.stop_token_ids or ()),
                 ignore_eos=req.ignore_eos, min_tokens=req.min_tokens, logprobs=logprobs,
-                logit_bias=bias, grammar=grammar, prompt_logprobs=prompt_logprobs,
-                skip_special_tokens=req.skip_special_tokens,
+                logit_bias=tuple((int(t), b) for t, b in bias.items()), grammar=grammar,
+                prompt_logprobs=prompt_logprobs, skip_special_tokens=req.skip_special_tokens,
             )
+            params.check_vocabulary(self.engine.vocab_size, self.engine.eos_token_ids)
+            return params
         except ValueError as e:
             raise bad_value(e) from e
 

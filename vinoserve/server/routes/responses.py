@@ -24,7 +24,8 @@ from vinoserve.server.serving import Serving, current
 
 router = APIRouter()
 # Chat fields the converted request may name in an error, and what this API calls them.
-_FIELDS = {"messages": "input", "response_format": "text.format", "max_completion_tokens": "max_output_tokens"}
+_FIELDS = {"messages": "input", "response_format": "text.format", "max_completion_tokens": "max_output_tokens",
+           "chat_template_kwargs": "reasoning.effort"}
 
 
 def stored_responses(request: Request) -> ResponseStore:
