@@ -21,6 +21,7 @@ from vinoserve.model.compile_options import CompileOptions
 from vinoserve.model.rope import RopeConfig
 from vinoserve.scheduler.scheduler import SchedulerConfig
 
+pytestmark = pytest.mark.ir
 F32 = CompileOptions(inference_precision="f32", kv_cache_precision="f32")
 WINDOWS = {"qwen2": (0, WINDOW), "gemma3_text": (WINDOW, 0), "mistral": (WINDOW, WINDOW)}
 

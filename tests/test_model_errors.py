@@ -19,6 +19,8 @@ from vinoserve.model.default_model import extract_verified
 from vinoserve.model.errors import ModelLoadError
 from vinoserve.model.loader import resolve_model_dir
 
+IR = pytest.mark.ir  # an optimum-intel export: run by .ci/run in the test-ir venv
+
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
@@ -115,7 +117,9 @@ def _unreadable_tensor_gguf(path):
     return path
 
 
-def _ir_without(ir_export, tmp_path, name: str, edit=None):
+def _ir_without(request, tmp_path, name: str, edit=None):
+    # Asked for here, not by the tests: the GGUF cases run where optimum-intel (the export) is not.
+    ir_export = request.getfixturevalue("ir_export")
     model = shutil.copytree(ir_export("llama").ir_dir, tmp_path / "model")
     if edit is None:
         (model / name).unlink()
@@ -133,22 +137,23 @@ def _no_context_length(text: str) -> str:
 @pytest.mark.parametrize("case, expected", [
     ("truncated gguf", "is not a readable GGUF file (truncated or corrupt?)"),
     ("tensor type", "tensor token_embd.weight is Q8_1, which vinoserve cannot read; supported: F32, F16,"),
-    ("no tokenizer", "has no openvino_tokenizer.xml (optimum-cli exports them unless told"),
-    ("no context length", "config.json has no max_position_embeddings (the model's context length)"),
-    ("corrupt IR", "openvino_model.xml cannot be read (truncated or corrupt?)"),
+    pytest.param("no tokenizer", "has no openvino_tokenizer.xml (optimum-cli exports them unless told", marks=IR),
+    pytest.param("no context length", "config.json has no max_position_embeddings (the model's context length)",
+                 marks=IR),
+    pytest.param("corrupt IR", "openvino_model.xml cannot be read (truncated or corrupt?)", marks=IR),
 ])
-def test_generate_with_a_model_that_cannot_load(case, expected, cache, tmp_path, ir_export):
+def test_generate_with_a_model_that_cannot_load(case, expected, cache, tmp_path, request):
     if case == "truncated gguf":
         model = write_gguf(tiny_hf_model("llama"), tmp_path / "tiny.gguf")
         model.write_bytes(model.read_bytes()[:5000])
     elif case == "tensor type":
         model = _unreadable_tensor_gguf(tmp_path / "q8_1.gguf")
     elif case == "no tokenizer":
-        model = _ir_without(ir_export, tmp_path, "openvino_tokenizer.xml")
+        model = _ir_without(request, tmp_path, "openvino_tokenizer.xml")
     elif case == "no context length":
-        model = _ir_without(ir_export, tmp_path, "config.json", _no_context_length)
+        model = _ir_without(request, tmp_path, "config.json", _no_context_length)
     else:
-        model = _ir_without(ir_export, tmp_path, "openvino_model.xml", lambda xml: xml[: len(xml) // 2])
+        model = _ir_without(request, tmp_path, "openvino_model.xml", lambda xml: xml[: len(xml) // 2])
     done = _cli("generate", "--model", str(model), "hello", cache=cache)
     assert done.returncode == 1 and done.stdout == ""
     line = _one_error_line(done.stderr)
@@ -163,14 +168,14 @@ def test_chat_with_a_model_that_cannot_load(cache, tmp_path):
     assert _one_error_line(done.stderr).startswith("vinoserve: error: model failed to load: ")
 
 
-@pytest.mark.parametrize("case", ["truncated gguf", "no tokenizer"])
-def test_serve_exits_1_with_one_line_when_the_model_cannot_load(case, cache, tmp_path, ir_export):
+@pytest.mark.parametrize("case", ["truncated gguf", pytest.param("no tokenizer", marks=IR)])
+def test_serve_exits_1_with_one_line_when_the_model_cannot_load(case, cache, tmp_path, request):
     """Not a server answering 503 forever: systemd, Docker and Kubernetes restart one that exits."""
     if case == "truncated gguf":
         model = write_gguf(tiny_hf_model("llama"), tmp_path / "tiny.gguf")
         model.write_bytes(model.read_bytes()[:5000])
     else:
-        model = _ir_without(ir_export, tmp_path, "openvino_tokenizer.xml")
+        model = _ir_without(request, tmp_path, "openvino_tokenizer.xml")
     done = _cli("serve", "--model", str(model), "--port", str(free_port()), cache=cache)
     assert done.returncode == 1
     line = _one_error_line(done.stderr)
