@@ -62,10 +62,12 @@ def test_each_class_gets_its_measured_defaults(q4_0):
     zen4 = resolve(CompileOptions(lowbit_kernel=False), _Core("bf16"), q4_0, CpuClass.AVX512_BF16)
     assert (zen4.decode_model, zen4.kv_cache_precision, zen4.dynamic_quantization_group_size) == (False, "bf16", 0)
     assert zen4.properties()["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == "0" and not zen4.lowbit_main
-    for cpu in (CpuClass.AVX512, CpuClass.AVX2):
-        plain = resolve(CompileOptions(), _Core("f32"), q4_0, cpu)
+    for cpu in (CpuClass.AVX512, CpuClass.AVX2):  # the kernel's AVX-512 or AVX2 path, one f32 compilation
+        kernel = resolve(CompileOptions(), _Core("f32"), q4_0, cpu)
+        assert (kernel.lowbit_main, kernel.inference_precision, kernel.kv_cache_precision) == (True, "f32", "f16")
+        plain = resolve(CompileOptions(lowbit_kernel=False), _Core("f32"), q4_0, cpu)  # the plugin's choices
         assert (plain.decode_model, plain.kv_cache_precision, plain.dynamic_quantization_group_size) == (False, None, None)
-        assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in plain.properties()
+        assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in plain.properties() and not plain.lowbit_main
     assert all(o.fuse_projections for o in (amx, zen, zen4))
     assert (amx.lowbit_prefetch, zen.lowbit_prefetch) == (1024, 4096)  # the kernel's, by class
 

@@ -32,6 +32,8 @@ class ClassDefaults:
     # How far ahead (bytes) the kernel prefetches its weights: 1 KiB as chosen on the Emerald
     # Rapids; Zen 5's memory wants more in flight (below).
     lowbit_prefetch: int = 1024
+    # Int8 planes for steps with prompt tokens on the kernel: 2 (near f32) or 1 (llama.cpp's)
+    lowbit_prompt_planes: int = 2
 
 
 DEFAULTS: dict[CpuClass, ClassDefaults] = {
@@ -67,9 +69,13 @@ DEFAULTS: dict[CpuClass, ClassDefaults] = {
     CpuClass.AVX512_BF16: ClassDefaults(decode_model=False, kv_cache_precision="bf16",
                                         dynamic_quantization_group_size=0, lowbit_main=True,
                                         lowbit_prefetch=4096),
-    # f32 compute by default: nothing measured on this wave's code; the plugin's choices stand.
-    CpuClass.AVX512: ClassDefaults(decode_model=False, kv_cache_precision=None, dynamic_quantization_group_size=None),
-    CpuClass.AVX2: ClassDefaults(decode_model=False, kv_cache_precision=None, dynamic_quantization_group_size=None),
+    # Skylake-SP to Ice Lake (no bf16 arithmetic: f32 compute) and Zen 2 / 3, Haswell to Alder Lake:
+    # one f32 compilation on the kernel's AVX-512 VNNI path where the CPU has it, else its AVX2
+    # path (benchmarks/results/2026-12-03-avx2-and-avx512.md).
+    CpuClass.AVX512: ClassDefaults(decode_model=False, kv_cache_precision=None, dynamic_quantization_group_size=None,
+                                   lowbit_main=True),
+    CpuClass.AVX2: ClassDefaults(decode_model=False, kv_cache_precision=None, dynamic_quantization_group_size=None,
+                                 lowbit_main=True),
     CpuClass.OTHER: ClassDefaults(decode_model=False, kv_cache_precision=None, dynamic_quantization_group_size=None),
 }
 
@@ -84,7 +90,7 @@ def resolve(options: CompileOptions, core: ov.Core, model: ov.Model, cpu: CpuCla
     if options.device != "CPU":
         return replace(options, decode_model=False, fuse_projections=bool(options.fuse_projections))
     row = DEFAULTS[cpu or this_cpu()]
-    options = replace(options, lowbit_prefetch=row.lowbit_prefetch)
+    options = replace(options, lowbit_prefetch=row.lowbit_prefetch, lowbit_prompt_planes=row.lowbit_prompt_planes)
     if row.lowbit_main and _left_to_kernel(options) and decode_model.has_low_bit_matmuls(model):
         # f32 compute's own cache here is u8; f16 takes bf16's bytes and moved the first reply
         # token less (40 chat prompts against f32, Zen 5)

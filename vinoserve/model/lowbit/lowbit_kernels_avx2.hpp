@@ -123,8 +123,8 @@ inline void dot(__m256i u, __m256i xb, __m256i& s, __m256i& p) {
     } else if constexpr (BITS == 8) {
         const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(u, u), _mm256_sign_epi8(xb, u));
         s = _mm256_add_epi32(s, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-    } else {
-        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(u, xb));
+    } else {  // saturating adds, which never saturate here: GCC reorders plain ones into a tree of spills
+        p = _mm256_adds_epi16(p, _mm256_maddubs_epi16(u, xb));
     }
 }
 
@@ -246,26 +246,34 @@ void half_kernel(const Weights& w, const Activations& a, const TileFloats<BITS, 
         for (int m = 0; m < MB; m++) store(y, t, m0 + m, h0 + j, acc[j][m]);
 }
 
-// Tile t (and t + 1 with `pair`) against every row of x: rows in blocks, a half tile at a time
-// over the tile's prepared floats, from PAIR_ROWS rows; else both halves at once, two rows (one
-// of two planes) at a time, as the 16 ymm registers hold them.
+// Rows of x in blocks of MB (then 2, then 1), a half tile at a time.
+template <int MB, int BITS, int Q, int P>
+void halves(const Weights& w, const Activations& a, const TileFloats<BITS, Q>* f, size_t rows, size_t t, const Outputs& y) {
+    for (int h = 0; h < 2; h++) {
+        size_t m = 0;
+        for (; m + MB <= rows; m += MB) half_kernel<MB, 1, BITS, Q, P>(w, a, f, m, t, h, y);
+        if (m + 2 <= rows) { half_kernel<2, 1, BITS, Q, P>(w, a, f, m, t, h, y); m += 2; }
+        if (m < rows) half_kernel<1, 1, BITS, Q, P>(w, a, f, m, t, h, y);
+    }
+}
+
+// Tile t (and t + 1 with `pair`) against every row of x. One or two rows (one of two planes)
+// take both halves at once, as the 16 ymm registers hold them; more take a half at a time in
+// blocks, from PAIR_ROWS rows over the tile's floats prepared once.
 template <int BITS, int Q, int P>
 void run_tile(const Weights& w, const Activations& a, size_t rows, size_t t, bool pair, const Outputs& y) {
+    constexpr int MB = P == 2 ? 3 : 4;
     for (size_t u = t; u < t + (pair ? 2 : 1); u++) {
-        size_t m = 0;
         if (rows >= PAIR_ROWS) {
-            constexpr int MB = P == 2 ? 3 : 4;
             const TileFloats<BITS, Q> f(w, u);
-            for (int h = 0; h < 2; h++) {
-                for (m = 0; m + MB <= rows; m += MB) half_kernel<MB, 1, BITS, Q, P>(w, a, &f, m, u, h, y);
-                if (m + 2 <= rows) { half_kernel<2, 1, BITS, Q, P>(w, a, &f, m, u, h, y); m += 2; }
-                if (m < rows) half_kernel<1, 1, BITS, Q, P>(w, a, &f, m, u, h, y);
-            }
-            continue;
+            halves<MB, BITS, Q, P>(w, a, &f, rows, u, y);
+        } else if (rows > 2 / P) {
+            halves<MB, BITS, Q, P>(w, a, nullptr, rows, u, y);
+        } else if (rows == 2) {
+            half_kernel<2, 2, BITS, Q, P>(w, a, nullptr, 0, u, 0, y);
+        } else {
+            half_kernel<1, 2, BITS, Q, P>(w, a, nullptr, 0, u, 0, y);
         }
-        if constexpr (P == 1)
-            for (; m + 2 <= rows; m += 2) half_kernel<2, 2, BITS, Q, P>(w, a, nullptr, m, u, 0, y);
-        for (; m < rows; m++) half_kernel<1, 2, BITS, Q, P>(w, a, nullptr, m, u, 0, y);
     }
 }
 
