@@ -41,9 +41,9 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lowbit-kernel", choices=("auto", "on", "off"), default="auto",
                    help="4- and 8-bit matmuls on vinoserve's own kernel (an OpenVINO extension built with the "
                         "machine's C++ compiler on first use, cached): the decode model's on AMX CPUs; on "
-                        "AVX512_BF16 CPUs without AMX all of them, in one f32 compilation with an f16 KV cache "
+                        "every other x86-64 CPU all of them, in one f32 compilation with an f16 KV cache "
                         "(and its clone with static shapes for one-token steps, sharing its weights). "
-                        "auto: where it builds and the CPU has AVX-512 VNNI; on: fail to start where it cannot; "
+                        "auto: where it builds (any x86-64 CPU with AVX2); on: fail to start where it cannot; "
                         "off: the plugin's kernels")
     p.add_argument("--dynamic-quantization-group-size", type=int, default=None, metavar="N",
                    help="OpenVINO's DYNAMIC_QUANTIZATION_GROUP_SIZE: matmuls with low-bit weights round their "

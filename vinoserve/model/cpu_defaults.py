@@ -37,35 +37,14 @@ class ClassDefaults:
 
 
 DEFAULTS: dict[CpuClass, ClassDefaults] = {
-    # Sapphire Rapids, 2 cores, 1.5B Q4_0 decode infer(): 73 ms on the decode model against 95 on
-    # the bf16 one (the plugin gives bf16 compute no int8 activations where AMX is present:
-    # openvino PR #35726 gates them to bf16 CPUs without AMX); one stream 1.23x, 8B 1.48x
-    # llama.cpp against 1.19x. bf16 KV without it: decode infer() 7-24% less CPU time than u8 at
-    # the same perplexity (Zen 4, docs/performance-lab-notes.md; the same kernels here).
+    # The decode model (f32, int8 activations, the kernel) for steps of a few tokens, bf16 prompts:
+    # decode 1.5-2x llama.cpp where the plugin's bf16 alone made 0.85x (benchmarks/results/
+    # 2026-11-26-emerald-rapids.md, 2026-11-25-sapphire-rapids.md).
     CpuClass.AMX: ClassDefaults(decode_model=True, kv_cache_precision="bf16", dynamic_quantization_group_size=None),
-    # Zen 5 (EPYC family 26), 2 cores, 2026-11-27, `vinoserve bench llamacpp` against llama.cpp in
-    # one run, 1.5B Q4_0 / Q4_K_M: the bf16 compilation without int8 activations decoded at 0.65x /
-    # 0.53x and read prompts at 2.96x / 2.43x; one f32 compilation with every low-bit MatMul on
-    # vinoserve's kernel decodes at 1.25x / 1.14x and reads prompts at 2.40x / 1.90x, with one copy
-    # of the weights. The kernel's int8 activations alone (llama.cpp's) moved the built-in model's
-    # first reply token off f32's twice as far as bf16 did; so steps with prompt tokens or one
-    # sequence, and the logits, are quantized in two planes (lowbit_layout.hpp; the runner's
-    # ModelRunner.planes), several sequences' decode steps in one: over 40 chat prompts the first
-    # token's log-probability is then 0.0007 from f32's on average (bf16 0.028), and SmolLM2's
-    # long-context perplexity 1.0000x f32's (one-plane decode steps left it 0.99-1.02x by chance;
-    # bf16 without int8 activations 1.008x, with the plugin's 1.029x: issue 36, Zen 4). One plane
-    # for prompts too read them at 3.7x; two planes 3.1x since 11-28 (registers kept, no spills).
-    # The MLP's gate and up in one plane on a prompt's rows whose logits are not read (model/lowbit):
-    # a 1.5B Q4_K_M prompt step 0.80x the time (Q4_K_M 3.45x llama.cpp, Q4_0 4.13x), the first
-    # token 0.010 from f32's (40 of 40 the same), long-context perplexity 1.0008x f32's.
-    # The kernel's prefetch 2 KiB ahead: 1.5B Q4_0 decode 1.044x 1 KiB's (one process, 8
-    # alternating rounds, each faster; 4 KiB 1.042x), 2026-11-28; with the one-token clone, 4 KiB
-    # against 2: 8B Q4_0 1.044x, 8B Q4_K_M 1.051x and 1.018x, 1.5B Q4_0 1.030x and 0.996x, Q4_K_M
-    # 1.004x (its prompt step 0.998x the time), paired rounds in one process. With the kernel in
-    # the main compilation, one-token steps run on its static-shaped clone (one_token.py,
-    # CompileOptions.one_token): 1.5B Q4_0 / Q4_K_M decode 1.100x / 1.077x, +36-44 MiB, the same
-    # arithmetic (2026-11-28).
-    # Zen 4 (AVX-512 at half width) is not measured on this code.
+    # One f32 compilation with every low-bit MatMul on the kernel (bf16 decoded at 0.65x llama.cpp,
+    # this at 1.2-1.5x); two int8 planes for prompts and one sequence's steps keep answers near f32's
+    # (long-context perplexity 1.0008x); prefetch 4 KiB ahead for Zen 5's memory
+    # (benchmarks/results/2026-11-28-zen5.md). Zen 4 is not measured on this code.
     CpuClass.AVX512_BF16: ClassDefaults(decode_model=False, kv_cache_precision="bf16",
                                         dynamic_quantization_group_size=0, lowbit_main=True,
                                         lowbit_prefetch=4096),

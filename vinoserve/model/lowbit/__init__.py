@@ -1,16 +1,12 @@
-"""A matmul kernel of our own for the decode model's low-bit weights (an OpenVINO extension op).
+"""A matmul kernel of our own for low-bit weights (an OpenVINO extension op).
 
-Measured on a 2-core Emerald Rapids (lab notes, 2026-11-27): the CPU plugin's int8-activation
-kernel multiplies a one-token step's 4-bit weights at about 48 ps a weight, some 12.9 GB/s,
-while the two cores stream 18.4 GB/s from memory; unpacking, not memory, sets its pace. This
+The CPU plugin's int8-activation kernel for compressed weights is paced by unpacking, not by
+memory (a 2-core Emerald Rapids: 12.9 GB/s of 4-bit weights where the cores stream 18.4). This
 kernel (lowbit_matmul.cpp) quantizes the activations to int8 per group as the plugin and
-llama.cpp do, reads the weights tiled so that one VNNI dot product covers 16 rows, and runs at
-32-34 ps a Q4_0 weight. It is bound by latency more than by bytes (a 1.5B Q4_K_M step took the
-same time reading its scales as f32 products as reading them a third the size): two chains of
-dot products and a software prefetch made a step 0.8-0.9x the time. On AMX CPUs it replaces the
-decode model's low-bit MatMuls only (prompts keep the plugin's AMX kernels); on AVX512_BF16 CPUs
-without AMX, where it also multiplies prompts faster than the plugin's bf16 kernels, every one of
-the single compilation's (cpu_defaults.py).
+llama.cpp do and reads the weights tiled so that one integer dot product covers 16 rows (8 on
+AVX2), at the memory's pace (benchmarks/results/2026-11-26-emerald-rapids.md). On AMX CPUs it
+takes the decode model's low-bit MatMuls (prompts keep the plugin's AMX kernels); on every other
+x86-64 class every one of the single compilation's (cpu_defaults.py).
 """
 from __future__ import annotations
 
