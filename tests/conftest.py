@@ -5,6 +5,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+# One OpenMP thread for torch (the HF references run in this process): on two cores shared with
+# the servers the tests start, or with other tenants, a second thread waits for a core at every op
+# (SmolLM2's reference decoded a token in 0.7 s instead of 0.07). Set before a test module imports torch.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_configure(config):
@@ -18,6 +22,26 @@ def smollm2_gguf() -> Path:
     from vinoserve.model.default_model import fetch
 
     return fetch(log=lambda m: None)
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_gguf):
+    """The built-in model in HF transformers at f32, the reference of several modules: loaded once
+    (its GGUF dequantized, about 10 s)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name,
+                                                dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf_tokenizer(smollm2_gguf):
+    """transformers' own conversion of the built-in model's GGUF tokenizer, unmodified: loaded once
+    (about 7 s); callers copy it before changing it."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
 
 
 @pytest.fixture(scope="session")

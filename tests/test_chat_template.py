@@ -14,11 +14,8 @@ CONVERSATIONS = [
 
 
 @pytest.fixture(scope="module")
-def both(smollm2_gguf):
-    from transformers import AutoTokenizer
-
-    return Tokenizer.from_gguf(smollm2_gguf), AutoTokenizer.from_pretrained(smollm2_gguf.parent,
-                                                                            gguf_file=smollm2_gguf.name)
+def both(smollm2_gguf, smollm2_hf_tokenizer):
+    return Tokenizer.from_gguf(smollm2_gguf), smollm2_hf_tokenizer
 
 
 @pytest.mark.parametrize("messages", CONVERSATIONS)

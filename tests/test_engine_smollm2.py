@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import openvino as ov
 import pytest
-import torch
 
 from hf_reference import hf_greedy
 from vinoserve.engine.llm import LLM
@@ -45,12 +44,8 @@ def ours(llm, prompts):
     return [r.token_ids for r in results]
 
 
-def test_greedy_tokens_equal_hf(smollm2_gguf, prompts, ours):
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name,
-                                              dtype=torch.float32).eval()
-    assert [hf_greedy(hf, p, NEW_TOKENS) for p in prompts] == ours
+def test_greedy_tokens_equal_hf(smollm2_hf, prompts, ours):
+    assert [hf_greedy(smollm2_hf, p, NEW_TOKENS) for p in prompts] == ours
 
 
 def test_greedy_tokens_equal_openvino_genai(llm, prompts, ours):

@@ -14,14 +14,6 @@ SHORT = "The quick brown fox jumps over the lazy dog, and then"
 LONG = " ".join(f"Item {i} is a {['red', 'green', 'blue'][i % 3]} box." for i in range(60))
 
 
-@pytest.fixture(scope="module")
-def hf_model(smollm2_gguf):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name,
-                                                dtype=torch.float32).eval()
-
-
 def hf_logprobs(hf, ids: list[int]) -> np.ndarray:
     """log P(ids[p] | ids[:p]) for p >= 1, at f32 as the server computes its logits."""
     with torch.no_grad():
@@ -38,14 +30,14 @@ def tokens(server, text: str) -> list[int]:
 
 
 @pytest.mark.parametrize("prompt", [SHORT, LONG])
-def test_echo_scores_the_prompt_like_hf(api_server, hf_model, prompt):
+def test_echo_scores_the_prompt_like_hf(api_server, smollm2_hf, prompt):
     ids = tokens(api_server, prompt)
     body = post(api_server, "/v1/completions", {"prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 2}).json()
     choice = body["choices"][0]
     assert choice["text"] == prompt and body["usage"]["completion_tokens"] == 0
     lp = choice["logprobs"]
     assert len(lp["tokens"]) == len(ids) and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
-    np.testing.assert_allclose(lp["token_logprobs"][1:], hf_logprobs(hf_model, ids), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(lp["token_logprobs"][1:], hf_logprobs(smollm2_hf, ids), atol=1e-4, rtol=0)
     assert all(len(t) == 2 for t in lp["top_logprobs"][1:])
 
 
@@ -64,12 +56,12 @@ def test_echo_with_generation_streams_the_same(api_server):
     np.testing.assert_allclose(streamed[1:], plain["logprobs"]["token_logprobs"][1:], atol=1e-6)
 
 
-def test_vllm_prompt_logprobs_both_endpoints(api_server, hf_model):
+def test_vllm_prompt_logprobs_both_endpoints(api_server, smollm2_hf):
     ids = tokens(api_server, SHORT)
     comp = post(api_server, "/v1/completions", {"prompt": SHORT, "max_tokens": 1, "prompt_logprobs": 1}).json()
     plp = comp["choices"][0]["prompt_logprobs"]
     assert plp[0] is None and len(plp) == len(ids)
-    ref = hf_logprobs(hf_model, ids)
+    ref = hf_logprobs(smollm2_hf, ids)
     for p, entry in enumerate(plp[1:], 1):
         own = entry[str(ids[p])]
         assert abs(own["logprob"] - ref[p - 1]) < 1e-4 and own["rank"] >= 1
@@ -78,7 +70,7 @@ def test_vllm_prompt_logprobs_both_endpoints(api_server, hf_model):
     chat_ids = post(api_server, "/tokenize", {"messages": messages}).json()["tokens"]
     chat = post(api_server, "/v1/chat/completions", {"messages": messages, "max_tokens": 1, "prompt_logprobs": 0}).json()
     got = [e[str(t)]["logprob"] for e, t in zip(chat["prompt_logprobs"][1:], chat_ids[1:])]
-    np.testing.assert_allclose(got, hf_logprobs(hf_model, chat_ids), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(got, hf_logprobs(smollm2_hf, chat_ids), atol=1e-4, rtol=0)
 
 
 def test_logit_bias_moves_the_greedy_token(api_server):

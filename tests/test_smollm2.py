@@ -24,13 +24,6 @@ def smollm2(smollm2_gguf):
     return load_model(DEFAULT_MODEL.name, F32, "f32", log=lambda m: None)
 
 
-@pytest.fixture(scope="module")
-def hf_model(smollm2_gguf):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name, dtype=torch.float32).eval()
-
-
 def _chat_ids(model, question: str) -> list[int]:
     text = model.tokenizer.apply_chat_template([{"role": "user", "content": question}])
     return model.tokenizer.encode(text, add_special_tokens=False)
@@ -43,12 +36,12 @@ def test_greedy_answer_names_paris(smollm2):
     assert "Paris" in out.text and out.finish_reason == "stop"
 
 
-def test_logits_close_to_hf_transformers(smollm2, hf_model):
+def test_logits_close_to_hf_transformers(smollm2, smollm2_hf):
     ids = _chat_ids(smollm2, "Name three colours of the rainbow, then count to five.")
     runner = ModelRunner(smollm2.paged, KVCache(smollm2.paged.layout, smollm2.config.num_layers, 4))
     got = runner.step([ScheduledChunk(ids, 0, [[0, 1]], num_logits=len(ids))]).logits[0]
     with torch.no_grad():
-        ref = hf_model(torch.tensor([ids])).logits[0].numpy()
+        ref = smollm2_hf(torch.tensor([ids])).logits[0].numpy()
     # Same dequantized weights, f32 arithmetic on both sides; measured max difference 1.3e-4 at a
     # logit scale of about 40.
     np.testing.assert_allclose(got, ref, atol=1e-3, rtol=0)

@@ -59,20 +59,14 @@ def smol(smollm2_gguf: Path) -> Tokenizer:
 
 
 @pytest.fixture(scope="module")
-def smol_hf_gguf(smollm2_gguf: Path):
-    """transformers' own conversion of the GGUF tokenizer, unmodified."""
-    return transformers.AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
-
-
-@pytest.fixture(scope="module")
-def smol_reference(smol_hf_gguf):
+def smol_reference(smollm2_hf_tokenizer):
     """The reference we match: transformers' GGUF tokenizer with SmolLM2's real pre-tokenizer.
 
     transformers has no split regex for pre='smollm' and falls back to the plain GPT-2 ByteLevel
     one. SmolLM2's tokenizer.json (and llama.cpp's 'smollm') first isolates every digit, so the
     unmodified reference is wrong for whitespace before digits: "  2024" gives " ", " ", "2"...
     there but "  ", "2"... in SmolLM2 itself. Same vocab and merges, corrected pre-tokenizer."""
-    backend = tokenizers.Tokenizer.from_str(smol_hf_gguf.backend_tokenizer.to_str())
+    backend = tokenizers.Tokenizer.from_str(smollm2_hf_tokenizer.backend_tokenizer.to_str())
     backend.pre_tokenizer = tokenizers.pre_tokenizers.Sequence(
         [
             tokenizers.pre_tokenizers.Digits(individual_digits=True),
@@ -107,9 +101,9 @@ def test_smollm2_ids_match_reference(smol: Tokenizer, smol_reference, add_specia
         assert smol.encode(text, add_special_tokens=add_special_tokens) == expected, repr(text)
 
 
-def test_smollm2_matches_transformers_where_pretokenizers_agree(smol: Tokenizer, smol_hf_gguf) -> None:
+def test_smollm2_matches_transformers_where_pretokenizers_agree(smol: Tokenizer, smollm2_hf_tokenizer) -> None:
     for text in [MIXED_TEXTS[i] for i in (0, 1, 2, 3, 7, 8, 10)]:  # no whitespace right before a digit
-        assert smol.encode(text) == smol_hf_gguf.encode(text), repr(text)
+        assert smol.encode(text) == smollm2_hf_tokenizer.encode(text), repr(text)
 
 
 def test_smollm2_round_trip(smol: Tokenizer) -> None:
@@ -119,7 +113,7 @@ def test_smollm2_round_trip(smol: Tokenizer) -> None:
     assert smol.decode(smol.encode(plain)) == plain
 
 
-def test_smollm2_skip_special_tokens(smol: Tokenizer, smol_hf_gguf) -> None:
+def test_smollm2_skip_special_tokens(smol: Tokenizer, smollm2_hf_tokenizer) -> None:
     text = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello<|im_end|><|endoftext|>"
     ids = smol.encode(text)
     assert smol.decode(ids, skip_special_tokens=True) == "user\nhi\nassistant\nhello"
@@ -127,7 +121,8 @@ def test_smollm2_skip_special_tokens(smol: Tokenizer, smol_hf_gguf) -> None:
     for text in MIXED_TEXTS + _fuzz_texts(2, 100, SMOL_POOL):
         ids = smol.encode(text)
         for skip in (True, False):
-            assert smol.decode(ids, skip_special_tokens=skip) == smol_hf_gguf.decode(ids, skip_special_tokens=skip)
+            want = smollm2_hf_tokenizer.decode(ids, skip_special_tokens=skip)
+            assert smol.decode(ids, skip_special_tokens=skip) == want
 
 
 def test_smollm2_from_ir_dir_roundtrips_our_models(smollm2_gguf: Path, smol: Tokenizer, tmp_path: Path) -> None:
@@ -145,19 +140,19 @@ def test_smollm2_from_ir_dir_roundtrips_our_models(smollm2_gguf: Path, smol: Tok
         assert loaded.decode(smol.encode(text), skip_special_tokens=False) == text
 
 
-def test_from_ir_dir_with_openvino_tokenizers_export(smol_hf_gguf, tmp_path: Path) -> None:
+def test_from_ir_dir_with_openvino_tokenizers_export(smollm2_hf_tokenizer, tmp_path: Path) -> None:
     """An IR as optimum-cli / convert_tokenizer writes it (from the transformers tokenizer)."""
     from openvino_tokenizers import convert_tokenizer
 
-    tokenizer, detokenizer = convert_tokenizer(smol_hf_gguf, with_detokenizer=True)
+    tokenizer, detokenizer = convert_tokenizer(smollm2_hf_tokenizer, with_detokenizer=True)
     ov.save_model(tokenizer, tmp_path / "openvino_tokenizer.xml")
     ov.save_model(detokenizer, tmp_path / "openvino_detokenizer.xml")
     loaded = Tokenizer.from_ir_dir(tmp_path)
-    assert loaded.eos_token_ids == (smol_hf_gguf.eos_token_id,)
+    assert loaded.eos_token_ids == (smollm2_hf_tokenizer.eos_token_id,)
     text = "<|im_start|>user\nhi 12 <|im_end|>"
     ids = loaded.encode(text)
-    assert ids == smol_hf_gguf.encode(text)
-    assert loaded.decode(ids, skip_special_tokens=True) == smol_hf_gguf.decode(ids, skip_special_tokens=True)
+    assert ids == smollm2_hf_tokenizer.encode(text)
+    assert loaded.decode(ids, skip_special_tokens=True) == smollm2_hf_tokenizer.decode(ids, skip_special_tokens=True)
     assert loaded.decode(ids, skip_special_tokens=False) == text
 
 
