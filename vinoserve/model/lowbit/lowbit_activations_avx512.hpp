@@ -46,7 +46,7 @@ int32_t quantize_rest(const float* rest, size_t group, float d1, int8_t* q) {
 }
 
 // One row's k values at x, as row r of `a`.
-void quantize_row(const float* x, size_t r, size_t k, size_t group, int planes, Activations& a) {
+void quantize_row(const float* x, size_t r, size_t k, size_t group, int planes, int factor, Activations& a) {
     const size_t groups = k / group;
     float rest[32];
     for (size_t g = 0; g < groups; g++) {
@@ -56,11 +56,13 @@ void quantize_row(const float* x, size_t r, size_t k, size_t group, int planes, 
         for (size_t i = 0; i < group; i += 16) total = _mm512_add_ps(total, _mm512_loadu_ps(v + i));
         a.sum[at] = _mm512_reduce_add_ps(total);
         int8_t* q = a.q.get() + r * planes * k + g * group;
-        quantize_group(v, group, q, a.d[at], a.s[at], planes == 2 ? rest : nullptr);
+        int32_t s;
+        quantize_group(v, group, q, a.d[at], s, planes == 2 ? rest : nullptr);
         if (planes == 2) {
-            a.s[at] = FINE * a.s[at] + quantize_rest(rest, group, a.d[at], q + k);
+            s = FINE * s + quantize_rest(rest, group, a.d[at], q + k);
             a.d[at] /= FINE;
         }
+        a.c[at] = factor * s;
     }
 }
 

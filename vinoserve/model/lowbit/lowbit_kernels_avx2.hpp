@@ -39,6 +39,10 @@ constexpr int IN16 = 32767 / (2 * 128 * ((1 << BITS) - 1));
 template <int BITS>
 constexpr bool WIDE = VNNI || BITS == 8;
 
+// What the integer sums need to take the weights' bias off: -bias times x's integers' sum (8-bit
+// weights without VNNI, multiplied with their sign as w = u - 128: 128 - bias).
+inline int bias_factor(const Weights& w) { return w.bits == 8 && !VNNI ? 128 - w.bias : -w.bias; }
+
 inline __m256 load_half(const void* p, size_t i) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i)));
 }
@@ -123,8 +127,11 @@ inline void dot(__m256i u, __m256i xb, __m256i& s, __m256i& p) {
     } else if constexpr (BITS == 8) {
         const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(u, u), _mm256_sign_epi8(xb, u));
         s = _mm256_add_epi32(s, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-    } else {  // saturating adds, which never saturate here: GCC reorders plain ones into a tree of spills
-        p = _mm256_adds_epi16(p, _mm256_maddubs_epi16(u, xb));
+    } else {
+        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(u, xb));
+        // the sum kept where it is: GCC otherwise reorders the adds into a tree of spills (a 256-row
+        // Q4_0 product 1.5x the time)
+        asm("" : "+x"(p));
     }
 }
 
@@ -174,44 +181,47 @@ inline void store(const Outputs& y, size_t t, size_t row, int h, __m256 acc) {
 // H halves of tile t from half h0 against MB rows of x from m0, groups outermost, a group's chunks
 // unrolled. P: planes a row of x was quantized to; their sums are chains of their own, and with
 // one plane and VNNI a chunk's low and high halves are (vpdpbusd's latency). `f`: the tile's
-// floats prepared, or nullptr (read here: a decode step reads each once).
-template <int MB, int H, int BITS, int Q, int P>
+// floats prepared (PREP), or read here (a decode step reads each once). OFF: the weights have offsets.
+template <int MB, int H, int BITS, int Q, int P, bool OFF, bool PREP>
 void half_kernel(const Weights& w, const Activations& a, const TileFloats<BITS, Q>* f, size_t m0, size_t t, int h0,
                  const Outputs& y) {
     constexpr int C = P == 2 || VNNI ? 2 : 1;  // chains of sums
-    const size_t groups = w.k / (4 * Q);
+    const size_t groups = w.k / (4 * Q), row = P * w.k / 4;  // row: a row of x's int32s (4 bytes each)
     const uint8_t* q = w.q + t * w.tile_bytes();
+    // the rows' x, their scales, bias corrections and sums per group, moved on a group at a time
+    const int32_t* x4 = reinterpret_cast<const int32_t*>(a.q.get()) + m0 * row;
+    const float *d = a.d.get() + m0 * groups, *xsum = a.sum.get() + m0 * groups;
+    const int32_t* xc = a.c.get() + m0 * groups;
     __m256 acc[H][MB];
     for (int j = 0; j < H; j++)
         for (int m = 0; m < MB; m++) acc[j][m] = _mm256_setzero_ps();
-    for (size_t g = 0; g < groups; g++, q += Q * BITS * 8) {
-        if (!f) for (int l = 0; l < Q * BITS / 4; l++) _mm_prefetch(reinterpret_cast<const char*>(q) + w.prefetch + 64 * l, _MM_HINT_T0);
+    for (size_t g = 0; g < groups; g++, q += Q * BITS * 8, x4 += Q, d++, xc++, xsum++) {
+        if (!PREP) for (int l = 0; l < Q * BITS / 4; l++) _mm_prefetch(reinterpret_cast<const char*>(q) + w.prefetch + 64 * l, _MM_HINT_T0);
         __m256i s[C][H][MB], p[C][H][MB];
         for (int i = 0; i < C; i++)
             for (int j = 0; j < H; j++)
                 for (int m = 0; m < MB; m++) s[i][j][m] = p[i][j][m] = _mm256_setzero_si256();
+        const int32_t* xr[MB][P];  // a pointer each: as offsets from one, GCC kept 26 of them on the stack
+        for (int m = 0; m < MB; m++)
+            for (int pl = 0; pl < P; pl++) xr[m][pl] = x4 + m * row + pl * w.k / 4;
 #pragma GCC unroll 8
         for (int c = 0; c < Q / 2; c++) {
             __m256i u[H][2];
             for (int j = 0; j < H; j++) {
-                if constexpr (TOP_PLANES<BITS>) {
-                    if (f) {
-                        u[j][0] = f->bytes[f->at(g, c, h0 + j)];
-                        u[j][1] = f->bytes[f->at(g, c + Q / 2, h0 + j)];
-                        continue;
-                    }
+                if constexpr (TOP_PLANES<BITS> && PREP) {
+                    u[j][0] = f->bytes[f->at(g, c, h0 + j)];
+                    u[j][1] = f->bytes[f->at(g, c + Q / 2, h0 + j)];
+                } else {
+                    unpack<BITS, Q>(q, c, h0 + j, u[j][0], u[j][1]);
                 }
-                unpack<BITS, Q>(q, c, h0 + j, u[j][0], u[j][1]);
             }
             for (int half = 0; half < 2; half++)
-                for (int m = 0; m < MB; m++) {
-                    const int32_t* x4 = reinterpret_cast<const int32_t*>(a.q.get() + (m0 + m) * P * w.k + g * 4 * Q) + c + half * Q / 2;
+                for (int m = 0; m < MB; m++)
                     for (int pl = 0; pl < P; pl++) {
                         const int i = P == 2 ? pl : (C == 2 ? half : 0);
-                        const __m256i xb = _mm256_set1_epi32(x4[pl * w.k / 4]);
+                        const __m256i xb = _mm256_set1_epi32(xr[m][pl][c + half * Q / 2]);
                         for (int j = 0; j < H; j++) dot<BITS>(u[j][half], xb, s[i][j][m], p[i][j][m]);
                     }
-                }
             if constexpr (!WIDE<BITS>) {
                 if ((2 * c + 2) % IN16<BITS> == 0 || c == Q / 2 - 1)  // widen before 16 bits overflow
                     for (int i = 0; i < C; i++)
@@ -224,21 +234,18 @@ void half_kernel(const Weights& w, const Activations& a, const TileFloats<BITS, 
         }
         for (int j = 0; j < H; j++) {
             __m256 scale, offset;
-            if (f) {
+            if constexpr (PREP) {
                 scale = _mm256_loadu_ps(f->scale + g * 16 + 8 * (h0 + j));
-                offset = w.offset ? _mm256_loadu_ps(f->offset + g * 16 + 8 * (h0 + j)) : _mm256_setzero_ps();
+                offset = OFF ? _mm256_loadu_ps(f->offset + g * 16 + 8 * (h0 + j)) : _mm256_setzero_ps();
             } else {
                 group_floats(w, t, g, groups, h0 + j, scale, offset);
             }
             for (int m = 0; m < MB; m++) {
-                const size_t ag = (m0 + m) * groups + g;
-                // the weights' bias (8-bit without VNNI: their sign's 128 is in the products already)
-                const int bias = BITS == 8 && !VNNI ? w.bias - 128 : w.bias;
                 __m256i sum = P == 2 ? _mm256_add_epi32(_mm256_slli_epi32(s[0][j][m], 8), s[1][j][m])
                                      : (C == 2 ? _mm256_add_epi32(s[0][j][m], s[1][j][m]) : s[0][j][m]);
-                sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(bias * a.s[ag]));
-                acc[j][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(scale, _mm256_set1_ps(a.d[ag])), acc[j][m]);
-                if (w.offset) acc[j][m] = _mm256_fmadd_ps(offset, _mm256_set1_ps(a.sum[ag]), acc[j][m]);
+                sum = _mm256_add_epi32(sum, _mm256_set1_epi32(xc[m * groups]));
+                acc[j][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(scale, _mm256_set1_ps(d[m * groups])), acc[j][m]);
+                if constexpr (OFF) acc[j][m] = _mm256_fmadd_ps(offset, _mm256_set1_ps(xsum[m * groups]), acc[j][m]);
             }
         }
     }
@@ -247,34 +254,39 @@ void half_kernel(const Weights& w, const Activations& a, const TileFloats<BITS, 
 }
 
 // Rows of x in blocks of MB (then 2, then 1), a half tile at a time.
-template <int MB, int BITS, int Q, int P>
+template <int MB, int BITS, int Q, int P, bool OFF, bool PREP>
 void halves(const Weights& w, const Activations& a, const TileFloats<BITS, Q>* f, size_t rows, size_t t, const Outputs& y) {
     for (int h = 0; h < 2; h++) {
         size_t m = 0;
-        for (; m + MB <= rows; m += MB) half_kernel<MB, 1, BITS, Q, P>(w, a, f, m, t, h, y);
-        if (m + 2 <= rows) { half_kernel<2, 1, BITS, Q, P>(w, a, f, m, t, h, y); m += 2; }
-        if (m < rows) half_kernel<1, 1, BITS, Q, P>(w, a, f, m, t, h, y);
+        for (; m + MB <= rows; m += MB) half_kernel<MB, 1, BITS, Q, P, OFF, PREP>(w, a, f, m, t, h, y);
+        if (m + 2 <= rows) { half_kernel<2, 1, BITS, Q, P, OFF, PREP>(w, a, f, m, t, h, y); m += 2; }
+        if (m < rows) half_kernel<1, 1, BITS, Q, P, OFF, PREP>(w, a, f, m, t, h, y);
     }
 }
 
 // Tile t (and t + 1 with `pair`) against every row of x. One or two rows (one of two planes)
 // take both halves at once, as the 16 ymm registers hold them; more take a half at a time in
 // blocks, from PAIR_ROWS rows over the tile's floats prepared once.
-template <int BITS, int Q, int P>
-void run_tile(const Weights& w, const Activations& a, size_t rows, size_t t, bool pair, const Outputs& y) {
+template <int BITS, int Q, int P, bool OFF>
+void tiles(const Weights& w, const Activations& a, size_t rows, size_t t, bool pair, const Outputs& y) {
     constexpr int MB = P == 2 ? 3 : 4;
     for (size_t u = t; u < t + (pair ? 2 : 1); u++) {
         if (rows >= PAIR_ROWS) {
             const TileFloats<BITS, Q> f(w, u);
-            halves<MB, BITS, Q, P>(w, a, &f, rows, u, y);
+            halves<MB, BITS, Q, P, OFF, true>(w, a, &f, rows, u, y);
         } else if (rows > 2 / P) {
-            halves<MB, BITS, Q, P>(w, a, nullptr, rows, u, y);
+            halves<MB, BITS, Q, P, OFF, false>(w, a, nullptr, rows, u, y);
         } else if (rows == 2) {
-            half_kernel<2, 2, BITS, Q, P>(w, a, nullptr, 0, u, 0, y);
+            half_kernel<2, 2, BITS, Q, P, OFF, false>(w, a, nullptr, 0, u, 0, y);
         } else {
-            half_kernel<1, 2, BITS, Q, P>(w, a, nullptr, 0, u, 0, y);
+            half_kernel<1, 2, BITS, Q, P, OFF, false>(w, a, nullptr, 0, u, 0, y);
         }
     }
+}
+
+template <int BITS, int Q, int P>
+void run_tile(const Weights& w, const Activations& a, size_t rows, size_t t, bool pair, const Outputs& y) {
+    (w.offset ? tiles<BITS, Q, P, true> : tiles<BITS, Q, P, false>)(w, a, rows, t, pair, y);
 }
 
 }  // namespace

@@ -16,6 +16,9 @@
 namespace vinoserve {
 namespace {
 
+// What the integer sums need to take the weights' bias off: -bias times x's integers' sum.
+inline int bias_factor(const Weights& w) { return -w.bias; }
+
 inline __m512 load_half(const void* p, size_t i) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
 }
@@ -129,7 +132,7 @@ void tile_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, co
             const int32_t* x4 = reinterpret_cast<const int32_t*>(a.q.get() + (m0 + m) * P * w.k + g * 4 * Q);
             // two chains of dot products: one is latency-bound at one row of x (a 1.5B step 0.92x
             // the time); with two planes, a chain each (the second's with the bias)
-            __m512i s[2] = {_mm512_setzero_si512(), _mm512_set1_epi32(-w.bias * a.s[ag])};
+            __m512i s[2] = {_mm512_setzero_si512(), _mm512_set1_epi32(a.c[ag])};
             for (int c = 0; c < Q; c++) s[P == 2 ? 0 : c % 2] = _mm512_dpbusd_epi32(s[P == 2 ? 0 : c % 2], u[c], _mm512_set1_epi32(x4[c]));
             if constexpr (P == 2) {
                 for (int c = 0; c < Q; c++) s[1] = _mm512_dpbusd_epi32(s[1], u[c], _mm512_set1_epi32(x4[w.k / 4 + c]));
@@ -197,7 +200,7 @@ void pair_kernel(const Weights& w, const Activations& a, const PairTiles<BITS, Q
     for (size_t g = 0; g < groups; g++) {
         __m512i s[P][2][MB];  // per plane, tile and row; the last plane's starts at the bias
         for (int m = 0; m < MB; m++) {
-            const __m512i bias = _mm512_set1_epi32(-w.bias * a.s[(m0 + m) * groups + g]);
+            const __m512i bias = _mm512_set1_epi32(a.c[(m0 + m) * groups + g]);
             for (int j = 0; j < 2; j++) {
                 s[P - 1][j][m] = bias;
                 if constexpr (P == 2) s[0][j][m] = _mm512_setzero_si512();

@@ -41,14 +41,15 @@ namespace {
 // 1,536] Q4_0 at 256 rows: 0.9x the time; 16 rows 0.85x), and rows are quantized in parallel.
 constexpr size_t PAIR_ROWS = 8;
 
-// x quantized per group: int8 values, a scale and the integer sum per group. In two planes a
-// group is d1 q1 + d1 / 256 q2: one integer 256 q1 + q2 at scale d1 / 256, so `d` and `s` are per
-// row of x and group in either case (s: of that integer).
+// x quantized per group: int8 values, a scale, and the integers' sum times what the path's
+// products need to take the weights' bias off (bias_factor: -bias, as an exact int32). In two planes
+// a group is d1 q1 + d1 / 256 q2: one integer 256 q1 + q2 at scale d1 / 256, so `d` and `c` are per
+// row of x and group in either case (c: of that integer).
 struct Activations {
     // not std::vector, whose zeroing would be a serial pass over a prompt's int8s
     std::unique_ptr<int8_t[]> q;  // per row of x, `planes` rows: its int8s, then those of what they left
     std::unique_ptr<float[]> d;
-    std::unique_ptr<int32_t[]> s;
+    std::unique_ptr<int32_t[]> c;
     std::unique_ptr<float[]> sum;  // per row of x, the group's inputs summed as they are
 };
 

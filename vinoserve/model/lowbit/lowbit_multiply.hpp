@@ -20,18 +20,19 @@ namespace {
 // its own per call (a few KiB a decode step): a thread waiting in parallel_for may run another
 // node's call, so a thread's buffer could be rewritten under its readers. `pick`: which row of x
 // each of the `rows` is (nullptr: the first `rows`).
-Activations quantize(const float* x, size_t rows, size_t k, size_t group, int planes, const size_t* pick = nullptr) {
-    const size_t groups = k / group;
+Activations quantize(const float* x, size_t rows, const Weights& w, int planes, const size_t* pick) {
+    const size_t k = w.k, group = w.group, groups = k / group;
+    const int factor = bias_factor(w);
     Activations a{std::unique_ptr<int8_t[]>(new int8_t[rows * planes * k]),
                   std::unique_ptr<float[]>(new float[rows * groups]),
                   std::unique_ptr<int32_t[]>(new int32_t[rows * groups]),
                   std::unique_ptr<float[]>(new float[rows * groups])};
     if (rows < PAIR_ROWS) {
-        for (size_t r = 0; r < rows; r++) quantize_row(x + (pick ? pick[r] : r) * k, r, k, group, planes, a);
+        for (size_t r = 0; r < rows; r++) quantize_row(x + (pick ? pick[r] : r) * k, r, k, group, planes, factor, a);
         return a;
     }
     tbb::parallel_for(tbb::blocked_range<size_t>(0, rows), [&](const tbb::blocked_range<size_t>& range) {
-        for (size_t r = range.begin(); r != range.end(); r++) quantize_row(x + (pick ? pick[r] : r) * k, r, k, group, planes, a);
+        for (size_t r = range.begin(); r != range.end(); r++) quantize_row(x + (pick ? pick[r] : r) * k, r, k, group, planes, factor, a);
     }, tbb::static_partitioner());
     return a;
 }
@@ -63,7 +64,7 @@ struct RowSet {
 
 RowSet row_set(const float* x, const Weights& w, size_t rows, int planes, std::vector<size_t> picked, const Outputs& y) {
     const size_t count = picked.empty() ? rows : picked.size();
-    RowSet set{quantize(x, count, w.k, w.group, planes, picked.empty() ? nullptr : picked.data()), count,
+    RowSet set{quantize(x, count, w, planes, picked.empty() ? nullptr : picked.data()), count,
                pick(w.bits, w.group, planes), y, std::move(picked)};
     set.y.rows = set.picked.empty() ? nullptr : set.picked.data();
     return set;
