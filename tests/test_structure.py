@@ -1,5 +1,6 @@
 """The house's shape, read from the source with ast: files under 400 lines, functions under 80,
-and no import cycle among vinoserve's modules (lazy imports inside functions counted too)."""
+and no import cycle among vinoserve's modules (lazy imports inside functions counted too, those
+only type checkers read not)."""
 from __future__ import annotations
 
 import ast
@@ -34,12 +35,23 @@ def test_no_function_over_80_lines():
     assert not long, long
 
 
+def _runtime_nodes(tree: ast.AST):
+    """Every node but those under `if TYPE_CHECKING:` (annotations only: no import at run time)."""
+    for node in ast.iter_child_nodes(tree):
+        test = node.test if isinstance(node, ast.If) else None
+        if test is not None and (getattr(test, "id", None) or getattr(test, "attr", None)) == "TYPE_CHECKING":
+            yield from (n for child in node.orelse for n in [child, *_runtime_nodes(child)])
+            continue
+        yield node
+        yield from _runtime_nodes(node)
+
+
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The package's modules `name` imports, anywhere in it; `from pkg import sub` is an import of
-    pkg.sub (the package's __init__ may import its submodules without a cycle)."""
+    """The package's modules `name` imports at run time, anywhere in it; `from pkg import sub` is
+    an import of pkg.sub (the package's __init__ may import its submodules without a cycle)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _runtime_nodes(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -93,6 +105,10 @@ def test_no_import_cycle():
     assert not _cycles({name: _imports(name, path, modules) for name, path in modules.items()})
 
 
-def test_the_cycle_finder_finds_cycles():
+def test_the_cycle_finder_finds_cycles(tmp_path):
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+    source = tmp_path / "m.py"
+    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import p.a\nelse:\n    import p.b\n"
+                      "def f():\n    import p.c\n")
+    assert _imports("p.m", source, {"p.a": source, "p.b": source, "p.c": source}) == {"p.b", "p.c"}

@@ -15,10 +15,12 @@ from fastapi.responses import HTMLResponse, Response
 from vinoserve.server import errors, openapi
 from vinoserve.server.anthropic.errors import PATH_PREFIX as ANTHROPIC_PATHS, anthropic_error
 from vinoserve.server.app_state import AppState
+from vinoserve.server.echo import has_fim
 from vinoserve.server.errors import APIError
 from vinoserve.server.limits import BodySizeLimit
 from vinoserve.server.metrics import Metrics
 from vinoserve.server.responses.store import ResponseStore
+from vinoserve.server.request_rules import WITHOUT_EVICTION, WITHOUT_FIM, WITHOUT_REASONING
 from vinoserve.server.routes import anthropic, chat, completions, embeddings, models, rerank, responses, tokens
 from vinoserve.server.server_config import ServerConfig, default_model_name
 
@@ -57,13 +59,18 @@ def create_app(config: ServerConfig, on_fatal: Callable[[str], None] | None = No
 
 
 def _document(app: FastAPI, state: AppState) -> None:
-    """The OpenAPI document, bounded by the loaded model's vocabulary, name and reasoning."""
-    def loaded(read: Callable[[], object]) -> Callable[[], object]:
-        return lambda: read() if state.serving is not None else None
+    """The OpenAPI document as the server runs: the chat model's vocabulary, name, reasoning and
+    fill-in-the-middle tokens once it is loaded, eviction, limits, and the encoders."""
+    def facts() -> openapi.Facts:
+        serving, config = state.serving, state.config
+        loaded = serving is not None
+        return openapi.Facts(
+            serving.engine.vocab_size if loaded else None, config.model_name,
+            {WITHOUT_REASONING: loaded and serving.chat.reasoning is None,
+             WITHOUT_FIM: loaded and not has_fim(serving.tokenizer),
+             WITHOUT_EVICTION: config.engine.cache_eviction is None}, config.limits, state.registry)
 
-    openapi.install(app, vocab_size=loaded(lambda: state.engine.vocab_size),
-                    model_name=lambda: state.config.model_name,
-                    reasons=loaded(lambda: state.serving.chat.reasoning is not None))
+    openapi.install(app, facts)
 
 
 def _authorized(api_key: str | None) -> Callable:

@@ -62,14 +62,22 @@ def vllm_prompt_logprobs(prompt_ids: list[int], scored: list, k: int,
 _FIM = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")  # StarCoder's names, which SmolLM2 shares
 
 
+def _fim_ids(tokenizer) -> list[list[int]]:
+    return [tokenizer.encode(t, add_special_tokens=False) for t in _FIM]
+
+
+def has_fim(tokenizer) -> bool:
+    """Whether the model has fill-in-the-middle tokens, each a single special token."""
+    return all(len(i) == 1 and i[0] in tokenizer.special_token_ids for i in _fim_ids(tokenizer))
+
+
 def fill_in_the_middle(tokenizer, prompts: list[list[int]], suffix: str) -> list[list[int]]:
     """Completions' `suffix`: prefix-suffix-middle prompts for models with FIM tokens, else a 400
     (an empty suffix, nothing after the completion, is a plain completion on any model)."""
-    ids = [tokenizer.encode(t, add_special_tokens=False) for t in _FIM]
-    if not all(len(i) == 1 and i[0] in tokenizer.special_token_ids for i in ids):
+    if not has_fim(tokenizer):
         if not suffix:
             return prompts
         raise APIError(400, "suffix needs a model with fill-in-the-middle tokens; this one has none", "suffix")
-    (pre,), (suf,), (mid,) = ids
+    (pre,), (suf,), (mid,) = _fim_ids(tokenizer)
     tail = tokenizer.encode(suffix, add_special_tokens=False)
     return [[pre, *p, suf, *tail, mid] for p in prompts]

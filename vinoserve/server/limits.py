@@ -12,6 +12,7 @@ from vinoserve.server.errors import APIError, ErrorShape, shape_for
 
 # Seconds a client told "at capacity" should wait before retrying (the Retry-After header).
 RETRY_AFTER_S = 1
+MAX_N = 128  # OpenAI's limit on choices per request, whatever --max-n says
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,10 @@ class Limits:
             k = getattr(req, name, None)
             if isinstance(k, int) and not isinstance(k, bool) and k > self.max_logprobs:
                 raise APIError(400, f"{name} is {k}; this server allows at most {self.max_logprobs}", name)
+
+    def bound(self, name: str) -> int | None:
+        """The limit `name` as requests meet it (the OpenAPI document states it); None: none."""
+        return min(self.max_n, MAX_N) if name == "max_n" else getattr(self, name)
 
     def check_prompts(self, prompts: list[list[int]], param: str) -> None:
         if self.max_prompt_tokens is None:

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from vinoserve.server.anthropic.errors import PATH_PREFIX as ANTHROPIC_PATHS, AnthropicErrorResponse
+from vinoserve.server.limits import Limits
+from vinoserve.server.openapi_pooling import narrow_pooling
 from vinoserve.server.protocol import ErrorResponse
+from vinoserve.server.registry import ModelRegistry
 from vinoserve.server.routes.rerank import COHERE_PATH, CohereErrorResponse
+from vinoserve.server.routes.responses import RESOURCE_ID
 
 _WHY = {400: "Invalid request (an error body naming the parameter)",
         401: "Missing or wrong API key (only when the server has --api-key)",
@@ -44,19 +49,26 @@ ROUTES: dict[str, tuple[dict, tuple[int, ...]]] = {
 }
 
 
-# A POST whose 200 body's `id` names the resource of these paths (OpenAPI links, which a fuzzer's
-# stateful phase follows from a created response to its GET, DELETE and input items).
+# A POST whose 200 names the resource of these paths in the header RESOURCE_ID (OpenAPI links,
+# which a fuzzer's stateful phase follows from a created response to its GET, DELETE and input
+# items). A header, not the body's `id`: a streamed reply's body is events, not the object.
 _LINKS = {"/v1/responses": ("/v1/responses/{response_id}", "/v1/responses/{response_id}/input_items")}
 
 
-def install(app: FastAPI, vocab_size: Callable[[], int | None] = lambda: None,
-            model_name: Callable[[], str | None] = lambda: None,
-            reasons: Callable[[], bool | None] = lambda: None) -> None:
-    """`vocab_size`, `model_name` and `reasons` (whether it reasons) give the model's, once it is
-    loaded: token ids (fields marked x-token-id) are then documented as below it, fields marked
-    x-model-name as the served name, and for a model that does not reason, fields marked
-    x-without-reasoning as that marker's schema says. Until then the document is built afresh on
-    each request."""
+@dataclass(frozen=True)
+class Facts:
+    """What the document states of the server as it runs (None: not known yet, the model loading)."""
+
+    vocab: int | None = None  # the chat model's: token ids (fields marked x-token-id) are below it
+    model: str | None = None  # the chat model's served name (fields marked x-model-name)
+    narrowed: dict[str, bool] = field(default_factory=dict)  # marker -> whether fields so marked take its schema
+    limits: Limits = Limits()  # the --max-* flags (fields marked x-limit)
+    registry: ModelRegistry | None = None  # once every model has loaded: the pooling routes' models
+
+
+def install(app: FastAPI, facts: Callable[[], Facts] = Facts) -> None:
+    """The document as `facts()` makes it (request_rules.py's markers narrowed, the pooling routes
+    shaped by openapi_pooling.py); built afresh on each request until every model has loaded."""
     def document() -> dict:
         if app.openapi_schema is not None:
             return app.openapi_schema
@@ -70,49 +82,75 @@ def install(app: FastAPI, vocab_size: Callable[[], int | None] = lambda: None,
             schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas.update(schema.pop("$defs", {}))
             schemas[model.__name__] = schema
-        for path, ops in doc["paths"].items():
-            if path not in ROUTES:  # a route this table does not know: only drop the false 422
-                for op in ops.values():
-                    op.get("responses", {}).pop("422", None)
-                continue
-            content, statuses = ROUTES[path]
-            shape = (AnthropicErrorResponse if path.startswith(ANTHROPIC_PATHS)
-                     else CohereErrorResponse if path == COHERE_PATH else ErrorResponse)
-            error = {"application/json": {"schema": {"$ref": f"#/components/schemas/{shape.__name__}"}}}
-            for op in ops.values():
-                ok = {"description": "Success"}
-                if content:
-                    ok["content"] = content
-                op["responses"] = {"200": ok, **{str(s): {"description": _WHY[s], "content": error}
-                                                 for s in statuses}}
+        _responses(doc["paths"])
         _link(doc["paths"])
-        vocab = vocab_size()
-        _bound_token_ids(schemas, vocab, model_name(), reasons())
-        if vocab is not None:
+        now = facts()
+        _narrow(schemas, now)
+        if now.registry is not None:
+            narrow_pooling(doc, now.registry)
             app.openapi_schema = doc
         return doc
 
     app.openapi = document
 
 
-def _bound_token_ids(node, vocab: int | None, model: str | None = None, reasons: bool | None = None) -> None:
+def _responses(paths: dict) -> None:
+    """Each route's real statuses and content types, as ROUTES gives them."""
+    for path, ops in paths.items():
+        if path not in ROUTES:  # a route this table does not know: only drop the false 422
+            for op in ops.values():
+                op.get("responses", {}).pop("422", None)
+            continue
+        content, statuses = ROUTES[path]
+        shape = (AnthropicErrorResponse if path.startswith(ANTHROPIC_PATHS)
+                 else CohereErrorResponse if path == COHERE_PATH else ErrorResponse)
+        error = {"application/json": {"schema": {"$ref": f"#/components/schemas/{shape.__name__}"}}}
+        for op in ops.values():
+            ok = {"description": "Success"}
+            if content:
+                ok["content"] = content
+            op["responses"] = {"200": ok, **{str(s): {"description": _WHY[s], "content": error} for s in statuses}}
+
+
+def _narrow(node, facts: Facts) -> None:
     """Token-id fields get `maximum: vocab - 1`, model-name fields `enum: [name]` (when known),
-    and where the model does not reason, x-without-reasoning fields that marker's schema; the
-    markers themselves go."""
+    limited fields their limit, and fields with a marker of `facts.narrowed` that holds that
+    marker's schema; the markers themselves go."""
     if isinstance(node, dict):
-        if node.pop("x-token-id", False) and vocab is not None:
-            node["maximum"] = vocab - 1
-        if node.pop("x-model-name", False) and model is not None:
-            node["enum"] = [model]
-        if (narrowed := node.pop("x-without-reasoning", None)) is not None and reasons is False:
-            kept = {k: node[k] for k in ("title", "description") if k in node}
-            node.clear()
-            node.update(narrowed, **kept)
+        if (bound := node.pop("x-limit", None)) is not None:
+            keyword, name = bound
+            if (value := facts.limits.bound(name)) is not None:
+                node[keyword] = value
+        if node.pop("x-token-id", False) and facts.vocab is not None:
+            node["maximum"] = facts.vocab - 1
+        if node.pop("x-token-id-key", False) and facts.vocab is not None:
+            node["pattern"] = decimal_below(facts.vocab)
+        if node.pop("x-model-name", False) and facts.model is not None:
+            node["enum"] = [facts.model]
+        for marker, applies in facts.narrowed.items():
+            if (narrowed := node.pop(marker, None)) is not None and applies:
+                kept = {k: node[k] for k in ("title", "description") if k in node}
+                node.clear()
+                node.update(narrowed, **kept)
         for value in node.values():
-            _bound_token_ids(value, vocab, model, reasons)
+            _narrow(value, facts)
     elif isinstance(node, list):
         for value in node:
-            _bound_token_ids(value, vocab, model, reasons)
+            _narrow(value, facts)
+
+
+def decimal_below(n: int) -> str:
+    """A regex of the decimal numbers in [0, n) (leading zeros allowed): token ids as a JSON
+    object's keys (logit_bias), which JSON Schema bounds only by pattern."""
+    top = str(n - 1)
+    alternatives = ["0", f"[1-9][0-9]{{0,{len(top) - 2}}}"] if len(top) > 1 else []  # the shorter numbers
+    for i, digit in enumerate(top):  # top's length: its prefix, a smaller digit here, then any digits
+        low = "1" if i == 0 and len(top) > 1 else "0"
+        if digit > low:
+            rest = f"[0-9]{{{len(top) - i - 1}}}" if i < len(top) - 1 else ""
+            alternatives.append(f"{top[:i]}[{low}-{chr(ord(digit) - 1)}]{rest}")
+    alternatives.append(top)
+    return f"^0*({'|'.join(alternatives)})$"
 
 
 def _link(paths: dict) -> None:
@@ -125,8 +163,11 @@ def _link(paths: dict) -> None:
                 op["operationId"] = f"{op['operationId'].rsplit('_', 1)[0]}_{method}"
             seen.add(op.get("operationId"))
     for source, targets in _LINKS.items():
-        by_id = {"response_id": "$response.body#/id"}
+        by_id = {"response_id": f"$response.header.{RESOURCE_ID}"}
         links = {op["operationId"]: {"operationId": op["operationId"], "parameters": by_id}
                  for target in targets for op in paths.get(target, {}).values()}
         for op in paths.get(source, {}).values():
             op["responses"]["200"]["links"] = links
+            op["responses"]["200"]["headers"] = {RESOURCE_ID: {
+                "description": "the id of the response created (streamed or not)", "required": True,
+                "schema": {"type": "string"}}}

@@ -4,18 +4,33 @@ otherwise), and running them through the encoder's batcher."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
 from fastapi import Request
+from pydantic import WithJsonSchema
 
 from vinoserve.model.encoders.packing import Sequence
 from vinoserve.model.encoders.tokenizer import TooLong
 from vinoserve.server.errors import APIError
+from vinoserve.server.protocol import bounded_int
 from vinoserve.server.registry import EncoderServing, ModelRegistry
 
 # Inputs per request at most: OpenAI's limit for /v1/embeddings' list; rerank and score documents
 # the same (Cohere allows 1000; the flag --max-pooling-inputs would be where to change it).
 MAX_INPUTS = 2048
+TEXT_SCHEMA = {"type": "string", "minLength": 1}
+
+
+def inputs_schema(item: dict) -> dict:
+    """A list of inputs as the OpenAPI document states it (check_count refuses the others with its
+    own words): one at least, MAX_INPUTS at most."""
+    return {"type": "array", "items": item, "minItems": 1, "maxItems": MAX_INPUTS}
+
+
+# vLLM's truncate_prompt_tokens: -1 (the model's limit) or a count of tokens; 0 is a 400.
+TruncateTokens = Annotated[bounded_int(ge=-1), WithJsonSchema({"type": "integer", "minimum": -1,
+                                                                "not": {"const": 0}})]
 
 
 def registry(request: Request) -> ModelRegistry:
@@ -52,6 +67,10 @@ def encode_texts(encoder: EncoderServing, texts: list[str] | list[tuple[str, str
     try:
         encoded = encoder.model.tokenizer.encode(texts, limit, truncate=truncation.tokens is not None)
     except TooLong as e:
+        if truncation.tokens is not None:  # the model's special tokens (and a pair's two texts) do not fit
+            raise APIError(400, f"truncate_prompt_tokens: {param}[{e.index}] cannot be cut to {truncation.tokens} "
+                                f"tokens, as the model adds special tokens to each input ({e.length} tokens left)",
+                           "truncate_prompt_tokens") from None
         raise APIError(400, f"{param}[{e.index}] has {e.length} tokens, over the model's limit of {e.limit} "
                             f"(truncate_prompt_tokens cuts inputs to a length)", param, "context_length_exceeded")
     return [Sequence(e.ids, e.type_ids) for e in encoded]

@@ -8,6 +8,10 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, WithJsonSchema, field_validator
 
 from vinoserve.scheduler.sampling_params import MAX_LOGPROBS
+from vinoserve.server.limits import MAX_N
+from vinoserve.server.request_rules import (CACHE_EVICTION_SCHEMA, ONE_CONSTRAINT, RESPONSE_FORMAT_SCHEMA,
+                                            STRUCTURED_OUTPUTS_SCHEMA, TOOL_CHOICE_SCHEMA, TOOL_SCHEMA, chat_rules,
+                                            WITHOUT_FIM, limit)
 
 
 class _Request(BaseModel):
@@ -54,46 +58,8 @@ def bounded_int(**bounds: int):
 TokenId = bounded_int(ge=0)
 # An id the server checks against the vocabulary: the OpenAPI document states that bound (openapi.py).
 VocabTokenId = Annotated[Int, Field(ge=0), WithJsonSchema({"type": "integer", "minimum": 0, "x-token-id": True})]
-TokenIds = Annotated[list[VocabTokenId], Field(min_length=1)]
+TokenIds = Annotated[list[VocabTokenId], Field(min_length=1, json_schema_extra=limit("maxItems", "max_prompt_tokens"))]
 NonEmptyText = Annotated[str, Field(min_length=1)]
-
-
-# The OpenAPI document narrows a field so marked, for a model that does not reason, to the
-# marker's schema (server/openapi.py).
-WITHOUT_REASONING = "x-without-reasoning"
-
-
-def _not_null(*names: str) -> dict:
-    return {"required": list(names), "properties": {n: {"not": {"type": "null"}} for n in names}}
-
-
-# What the OpenAPI document states of rules that span fields, as server/structured.py and
-# server/tools/plan.py check them. One output constraint at most: response_format (a JSON one),
-# structured_outputs, guided_json / _regex / _choice / _grammar.
-_CONSTRAINTS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
-_JSON_FORMAT = {"required": ["response_format"], "properties": {"response_format": {
-    "type": "object", "required": ["type"], "properties": {"type": {"enum": ["json_object", "json_schema"]}}}}}
-ONE_CONSTRAINT = {"not": {"anyOf": [
-    *({"allOf": [_JSON_FORMAT, _not_null(a)]} for a in _CONSTRAINTS),
-    *(_not_null(a, b) for i, a in enumerate(_CONSTRAINTS) for b in _CONSTRAINTS[i + 1:])]}}
-# A chat tool is a named function; tool_choice is none, auto, required or a named function, and
-# the last two need tools. (That the named one is among them no JSON schema can say: a 400.)
-TOOL_SCHEMA = {"type": "object", "required": ["type", "function"], "properties": {
-    "type": {"const": "function"},
-    "function": {"type": "object", "required": ["name"], "properties": {
-        "name": {"type": "string"}, "description": {"type": ["string", "null"]}, "parameters": {"type": "object"},
-        "strict": {"type": ["boolean", "null"]}}}}}
-TOOL_CHOICE_SCHEMA = {"anyOf": [{"enum": ["none", "auto", "required"]}, {
-    "type": "object", "required": ["type", "function"], "properties": {
-        "type": {"const": "function"},
-        "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}},
-    {"type": "null"}]}
-
-
-def needs_tools(choices: dict, tools: dict | None = None) -> dict:
-    """JSON Schema's if/then: a tool_choice matching `choices` needs `tools` (by default, at least one)."""
-    return {"if": {"required": ["tool_choice"], "properties": {"tool_choice": choices}},
-            "then": {"required": ["tools"], "properties": {"tools": tools or {"type": "array", "minItems": 1}}}}
 
 
 class _Sampling(_Request):
@@ -102,10 +68,10 @@ class _Sampling(_Request):
     max_tokens: bounded_int(ge=1) | None = None
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
-    n: Int = Field(1, ge=1)
+    n: Int = Field(1, ge=1, json_schema_extra=limit("maximum", "max_n"))
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(None, json_schema_extra=limit("maxItems", "max_stop_strings"))
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     seed: Int | None = None
@@ -122,20 +88,21 @@ class _Sampling(_Request):
     ignore_eos: bool = False
     min_tokens: Int = Field(0, ge=0)
     skip_special_tokens: bool = True  # false: special tokens the model writes are part of the text
-    prompt_logprobs: int | None = None
+    prompt_logprobs: bounded_int(ge=0, le=MAX_LOGPROBS) | None = None
+    # token ids, as OpenAI's map (the document's pattern takes only ids below the vocabulary: openapi.py)
     logit_bias: Annotated[dict[str, float] | None, WithJsonSchema({"anyOf": [{"type": "null"}, {
-        "type": "object", "propertyNames": {"pattern": "^[0-9]+$"},  # token ids, as OpenAI's map
+        "type": "object", "propertyNames": {"pattern": "^[0-9]+$", "x-token-id-key": True},
         "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}}]})] = None
     # Structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields
-    response_format: dict | None = None
-    structured_outputs: dict | None = None
+    response_format: Annotated[dict | None, WithJsonSchema(RESPONSE_FORMAT_SCHEMA)] = None
+    structured_outputs: Annotated[dict | None, WithJsonSchema(STRUCTURED_OUTPUTS_SCHEMA)] = None
     guided_json: dict | str | None = None
     guided_regex: str | None = None
     guided_choice: Annotated[list[str], Field(min_length=1)] | None = None
     guided_grammar: str | None = None
     # vinoserve's extension: override the server's --cache-eviction settings for this request,
     # e.g. {"max_cache_size": 256} or {"enabled": false}
-    cache_eviction: dict | None = None
+    cache_eviction: Annotated[dict | None, WithJsonSchema(CACHE_EVICTION_SCHEMA)] = None
 
 
 class CompletionRequest(_Sampling):
@@ -144,11 +111,12 @@ class CompletionRequest(_Sampling):
         "then": {"required": ["echo"], "properties": {"echo": {"const": True}}}})
     prompt: NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)] | TokenIds | Annotated[
         list[TokenIds], Field(min_length=1)]
-    logprobs: bounded_int(ge=0, le=MAX_LOGPROBS) | None = None  # top-k alternatives per token
+    logprobs: bounded_int(ge=0, le=MAX_LOGPROBS) | None = Field(  # top-k alternatives per token
+        None, json_schema_extra=limit("maximum", "max_logprobs"))
     echo: bool = False
     max_tokens: bounded_int(ge=0) | None = None  # 0 with echo: score the prompt only
-    best_of: int | None = None  # generate this many per prompt, return the n most likely
-    suffix: str | None = None
+    best_of: bounded_int(ge=0, le=MAX_N) | None = None  # generate this many per prompt, return the n most likely
+    suffix: str | None = Field(None, json_schema_extra={WITHOUT_FIM: {"anyOf": [{"type": "null"}, {"const": ""}]}})
 
 
 class ContentPart(_Request):
@@ -178,12 +146,12 @@ class ChatMessage(_Request):
 
 
 class ChatCompletionRequest(_Sampling):
-    model_config = ConfigDict(json_schema_extra={
-        **ONE_CONSTRAINT, **needs_tools({"anyOf": [{"const": "required"}, {"type": "object"}]})})
+    model_config = ConfigDict(json_schema_extra=chat_rules())
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: bounded_int(ge=1) | None = None
     logprobs: bool = False
-    top_logprobs: bounded_int(ge=0, le=MAX_LOGPROBS) | None = None
+    top_logprobs: bounded_int(ge=0, le=MAX_LOGPROBS) | None = Field(
+        None, json_schema_extra=limit("maximum", "max_logprobs"))
     add_generation_prompt: bool = True
     tools: Annotated[list[dict] | None, WithJsonSchema({"anyOf": [{"type": "array", "items": TOOL_SCHEMA},
                                                                   {"type": "null"}]})] = None

@@ -19,15 +19,12 @@ from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.server.errors import APIError, bad_value
 from vinoserve.server.event_stream import ChoiceText, PlainText, event_stream
 from vinoserve.server.events import Step, Usage
-from vinoserve.server.limits import Limits, over_capacity
+from vinoserve.server.limits import MAX_N, Limits, over_capacity
 from vinoserve.server.metrics import Metrics
 from vinoserve.server.protocol import new_id
 from vinoserve.server.registry import ModelRegistry
 from vinoserve.server.reasoning import ReasoningFormat, select_reasoning
 from vinoserve.server.tools import ToolFormat, select_tool_format
-
-MAX_N = 128  # OpenAI's limit on choices per request
-
 
 @dataclass(frozen=True)
 class ChatSetup:

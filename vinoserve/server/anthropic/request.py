@@ -20,7 +20,8 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from vinoserve.server.errors import APIError
-from vinoserve.server.protocol import WITHOUT_REASONING, Int, _Request, bounded_int, needs_tools, unsupported
+from vinoserve.server.protocol import Int, _Request, bounded_int, unsupported
+from vinoserve.server.request_rules import WITHOUT_REASONING, limit, needs_tools, no_constraint_with_tools, not_null
 
 
 class TextBlock(_Request):
@@ -130,14 +131,23 @@ class ContextManagement(_Request):
     edits: list[ClearThinking] = []
 
 
+# tool_choice any or tool needs tools (and a named tool among them: a 400 otherwise)
+_NEEDS_TOOLS = needs_tools({"required": ["type"], "properties": {"type": {"enum": ["any", "tool"]}}})
+# output_config.format holds the reply to a schema, which a tool call could not keep to
+_FORMAT_WITHOUT_TOOLS = no_constraint_with_tools(
+    {"required": ["output_config"], "properties": {"output_config": not_null("format")}},
+    {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}},
+    {"required": ["tool_choice"], "properties": {"tool_choice": {"type": "object", "required": ["type"],
+                                                                 "properties": {"type": {"const": "none"}}}}})
+
+
 class MessagesRequest(_Request):
-    model_config = ConfigDict(json_schema_extra=needs_tools({"required": ["type"], "properties": {
-        "type": {"enum": ["any", "tool"]}}}))  # and a named tool among them: a 400 otherwise
+    model_config = ConfigDict(json_schema_extra={"allOf": [_NEEDS_TOOLS, _FORMAT_WITHOUT_TOOLS]})
     model: Annotated[str, WithJsonSchema({"type": "string", "x-model-name": True})]  # the served name (openapi.py)
     max_tokens: Int = Field(ge=1)
     messages: list[InputMessage] = Field(min_length=1)
     system: str | list[TextBlock] | None = None
-    stop_sequences: list[str] | None = None
+    stop_sequences: list[str] | None = Field(None, json_schema_extra=limit("maxItems", "max_stop_strings"))
     stream: bool = False
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, gt=0, le=1)
@@ -153,6 +163,8 @@ class MessagesRequest(_Request):
 
 
 class CountTokensRequest(MessagesRequest):
+    model_config = ConfigDict(json_schema_extra=_NEEDS_TOOLS)  # it renders the prompt; nothing is held to a format
+    stop_sequences: list[str] | None = None  # not read by a count, so --max-stop-strings does not apply
     max_tokens: bounded_int(ge=1) | None = None  # not part of a count_tokens body
 
 

@@ -19,7 +19,8 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, ConfigDict, Field
 
 from vinoserve.server.errors import APIError
-from vinoserve.server.protocol import Int, _Request, bounded_int, needs_tools, unsupported
+from vinoserve.server.protocol import Int, _Request, bounded_int, unsupported
+from vinoserve.server.request_rules import needs_tools, no_constraint_with_tools
 from vinoserve.server.responses.schema import (Includable, Item, Metadata, ReasoningConfig, TextConfig, Tool,
                                                ToolChoice, ToolChoiceAllowed, ToolChoiceFunction)
 from vinoserve.server.responses.tools import OfferedTools, flat_name
@@ -37,14 +38,32 @@ def _no_logprobs(value: object) -> object:
     return value
 
 
-class ResponsesRequest(_Request):
+_OFFERED = {"type": "array", "contains": {"required": ["type"], "properties": {"type": {"enum": ["function",
+                                                                                              "namespace"]}}}}
+_RULES = {"allOf": [
     # required (or allowed_tools' required) or a named function needs a function tool (built-in tools
     # are not offered: tools.py); that the named ones are among them no JSON schema can say (a 400).
-    model_config = ConfigDict(json_schema_extra=needs_tools(
-        {"anyOf": [{"const": "required"}, {"required": ["type"], "properties": {"type": {"const": "function"}}},
-                   {"required": ["mode"], "properties": {"mode": {"const": "required"}}}]},
-        {"type": "array", "contains": {"required": ["type"], "properties": {"type": {"enum": ["function",
-                                                                                              "namespace"]}}}}))
+    needs_tools({"anyOf": [{"const": "required"}, {"required": ["type"], "properties": {"type": {"const": "function"}}},
+                           {"required": ["mode"], "properties": {"mode": {"const": "required"}}}]}, _OFFERED),
+    # text.format of JSON cannot come with tools a call may be made to (allowed_tools may leave none)
+    no_constraint_with_tools(
+        {"required": ["text"], "properties": {"text": {"required": ["format"], "properties": {"format": {
+            "required": ["type"], "properties": {"type": {"enum": ["json_object", "json_schema"]}}}}}}},
+        {"required": ["tools"], "properties": {"tools": _OFFERED}},
+        {"required": ["tool_choice"], "properties": {"tool_choice": {"anyOf": [
+            {"const": "none"}, {"type": "object", "required": ["type"],
+                                "properties": {"type": {"const": "allowed_tools"}}}]}}}),
+    # something to answer: a message or a call's output, instructions, or an earlier response
+    {"anyOf": [{"properties": {"input": {"type": "string"}}},
+               {"properties": {"input": {"contains": {"not": {"required": ["type"],
+                                                              "properties": {"type": {"const": "reasoning"}}}}}}},
+               {"required": ["instructions"], "properties": {"instructions": {"type": "string", "minLength": 1}}},
+               {"required": ["previous_response_id"],
+                "properties": {"previous_response_id": {"type": "string", "minLength": 1}}}]}]}
+
+
+class ResponsesRequest(_Request):
+    model_config = ConfigDict(json_schema_extra=_RULES)
     model: str | None = None
     input: str | Annotated[list[Item], Field(min_length=1)]
     instructions: str | None = None

@@ -9,7 +9,8 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Discriminator, Field, Tag
 
-from vinoserve.server.protocol import WITHOUT_REASONING, _Request
+from vinoserve.server.protocol import _Request
+from vinoserve.server.request_rules import WITHOUT_REASONING
 
 
 class TextPart(_Request):

@@ -8,25 +8,29 @@ from typing import Annotated, Literal
 import numpy as np
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
-from pydantic import Field
+from pydantic import Field, WithJsonSchema
 
 from vinoserve.server.errors import APIError
-from vinoserve.server.pooling import Truncation, check_count, encode_texts, registry, token_sequences
+from vinoserve.server.pooling import (TEXT_SCHEMA, Truncation, TruncateTokens, check_count, encode_texts,
+                                      inputs_schema, registry, token_sequences)
 from vinoserve.server.protocol import TokenId, _Request, bounded_int
 from vinoserve.server.registry import ModelRegistry
 
 router = APIRouter()
 
 TokenList = Annotated[list[TokenId], Field(min_length=1)]
+_TOKENS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+# What the route refuses with its own words (an empty text, no inputs, too many) the document states.
+_INPUT = {"anyOf": [TEXT_SCHEMA, inputs_schema(TEXT_SCHEMA), _TOKENS, inputs_schema(_TOKENS)]}
 
 
 class EmbeddingRequest(_Request):
     model: str | None = None
-    input: str | list[str] | TokenList | list[TokenList]
+    input: Annotated[str | list[str] | TokenList | list[TokenList], WithJsonSchema(_INPUT)]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: bounded_int(ge=1) | None = None
     user: str | None = None
-    truncate_prompt_tokens: bounded_int(ge=-1) | None = None  # vLLM's: cut inputs to this many tokens (-1: the limit)
+    truncate_prompt_tokens: TruncateTokens | None = None  # vLLM's: cut inputs to this many tokens (-1: the limit)
 
 
 @router.post("/v1/embeddings")

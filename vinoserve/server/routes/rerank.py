@@ -7,10 +7,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, WithJsonSchema
 
 from vinoserve.server.errors import APIError
-from vinoserve.server.pooling import Truncation, check_count, registry, relevance
+from vinoserve.server.pooling import (MAX_INPUTS, TEXT_SCHEMA, Truncation, TruncateTokens, check_count,
+                                      inputs_schema, registry, relevance)
 from vinoserve.server.protocol import _Request, bounded_int, new_id, now
 from vinoserve.server.registry import EncoderServing, ModelRegistry
 
@@ -24,21 +25,24 @@ class TextDocument(_Request):
     text: Text
 
 
+Texts = Annotated[list[Text], WithJsonSchema(inputs_schema(TEXT_SCHEMA))]
+
+
 class RerankRequest(_Request):
     model: str | None = None
     query: Text
-    documents: list[Text | TextDocument]
+    documents: Annotated[list[Text | TextDocument], Field(json_schema_extra={"minItems": 1, "maxItems": MAX_INPUTS})]
     top_n: bounded_int(ge=0) | None = None  # 0 or none: all, best first
     return_documents: bool | None = None  # default: yes on /v1/rerank (Jina), no on /v2/rerank (Cohere v2)
     max_tokens_per_doc: bounded_int(ge=1) | None = None  # Cohere's: each document cut to this many tokens
-    truncate_prompt_tokens: bounded_int(ge=-1) | None = None
+    truncate_prompt_tokens: TruncateTokens | None = None
 
 
 class ScoreRequest(_Request):
     model: str | None = None
-    text_1: Text | list[Text]
-    text_2: Text | list[Text]
-    truncate_prompt_tokens: bounded_int(ge=-1) | None = None
+    text_1: Text | Texts
+    text_2: Text | Texts
+    truncate_prompt_tokens: TruncateTokens | None = None
 
 
 class CohereErrorResponse(BaseModel):

@@ -23,6 +23,8 @@ from vinoserve.server.responses.tools import offered_tools
 from vinoserve.server.serving import Serving, current
 
 router = APIRouter()
+# The header naming the response a POST created, streamed or not (the OpenAPI document's links use it).
+RESOURCE_ID = "X-Response-Id"
 # Chat fields the converted request may name in an error, and what this API calls them.
 _FIELDS = {"messages": "input", "response_format": "text.format", "max_completion_tokens": "max_output_tokens",
            "chat_template_kwargs": "reasoning.effort"}
@@ -63,6 +65,7 @@ async def create_response(body: ResponsesRequest, raw: Request, serving: Serving
         response = await unless_disconnected(raw, _whole(builder, events, keep), streams)
     if warning := offered.warning():
         response.headers["Warning"] = warning
+    response.headers[RESOURCE_ID] = builder.response["id"]
     return response
 
 

@@ -38,8 +38,10 @@ def tool_plan(req) -> ToolPlan | None:
             raise APIError(400, "each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}", "tools")
         if not isinstance(f.get("parameters", {}), dict):
             raise APIError(400, f"tool {f['name']!r}: parameters must be a JSON schema object", "tools")
-        if f.get("strict") not in (None, True, False):
+        if f.get("strict") is not None and not isinstance(f["strict"], bool):  # 0 == False, yet not a boolean
             raise APIError(400, f"tool {f['name']!r}: strict must be a boolean", "tools")
+        if f.get("description") is not None and not isinstance(f["description"], str):
+            raise APIError(400, f"tool {f['name']!r}: description must be a string", "tools")
         functions.append({k: f[k] for k in ("name", "description", "parameters") if k in f})
     strict = tuple(f for f, t in zip(functions, tools) if t["function"].get("strict"))
     if choice is None:
