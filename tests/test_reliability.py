@@ -87,9 +87,15 @@ def server(tiny_gguf, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def default_server(tiny_gguf, tmp_path_factory):
-    """Default limits: a 4 MiB body is schema-valid, so the fuzzer may send one."""
+    """Default limits: a 4 MiB body is schema-valid, so the fuzzer may send one. A tiny embedder and
+    reranker beside the chat model, so that the pooling routes are fuzzed too."""
+    from encoder_fixtures import save_cross_encoder, save_embedder
+
+    root = tmp_path_factory.mktemp("encoders")
     log = tmp_path_factory.mktemp("log") / "server.log"
-    srv = ServerProcess("--model", str(tiny_gguf), "--kv-cache-size", "0.05", log_path=log).wait_ready()
+    srv = ServerProcess("--model", f"tiny={tiny_gguf}", "--model", f"emb={save_embedder(root / 'emb')}",
+                        "--model", f"rr={save_cross_encoder(root / 'rr')}", "--kv-cache-size", "0.05",
+                        log_path=log).wait_ready()
     yield srv
     assert srv.terminate() == 0
     text = log.read_text()
@@ -222,13 +228,77 @@ F = {"type": "function", "function": {"name": "f", "parameters": {"type": "objec
     ("/v1/responses", "ResponsesRequest", {"input": "x", "reasoning": {"effort": "high"}}, 400),
     ("/v1/responses", "ResponsesRequest", {"input": "x", "tools": [{"type": "web_search"}],
                                            "tool_choice": "required"}, 400),
+    # What a schemathesis run without the allowance file found (issue 56): the document now states
+    # the vocabulary for logit_bias' keys, the --max-* flags, the model's lack of FIM tokens and of
+    # eviction, response_format's shape, and rules across fields.
+    ("/v1/completions", "CompletionRequest", {"prompt": "ab", "max_tokens": 1, "logit_bias": {str(len(TOKENS)): 1}},
+     400),
+    ("/v1/completions", "CompletionRequest", {"prompt": "ab", "max_tokens": 1, "logit_bias": {"0259": 1}}, 200),
+    ("/v1/completions", "CompletionRequest", {"prompt": "ab", "max_tokens": 1, "n": 5}, 400),
+    ("/v1/completions", "CompletionRequest", {"prompt": "ab", "max_tokens": 1, "stop": ["a", "b", "c"]}, 400),
+    ("/v1/completions", "CompletionRequest", {"prompt": "ab", "max_tokens": 1, "suffix": "z"}, 400),
+    ("/v1/completions", "CompletionRequest", {"prompt": "ab", "max_tokens": 1, "cache_eviction": {"enabled": True}},
+     400),
+    ("/v1/completions", "CompletionRequest", {"prompt": "ab", "max_tokens": 1, "best_of": 200}, 400),
+    ("/v1/completions", "CompletionRequest", {"prompt": "ab", "max_tokens": 1, "prompt_logprobs": -1}, 400),
+    ("/v1/chat/completions", "ChatCompletionRequest", {"messages": ASK, "max_tokens": 1, "top_logprobs": 2}, 400),
+    ("/v1/chat/completions", "ChatCompletionRequest", {"messages": ASK, "max_tokens": 1,
+                                                       "response_format": {"type": True}}, 400),
+    ("/v1/chat/completions", "ChatCompletionRequest", {"messages": ASK, "tools": [F], "guided_regex": "a"}, 400),
+    ("/v1/chat/completions", "ChatCompletionRequest", {"messages": ASK, "tools": [F], "tool_choice": "none",
+                                                       "guided_regex": "a", "max_tokens": 1}, 200),
+    ("/v1/chat/completions", "ChatCompletionRequest", {"messages": ASK, "tools": [
+        {"type": "function", "function": {"name": "f", "strict": 1}}]}, 400),
+    ("/v1/responses", "ResponsesRequest", {"input": [{"type": "reasoning", "summary": []}]}, 400),
+    ("/v1/responses", "ResponsesRequest", {"input": "x", "tools": [F["function"] | {"type": "function"}],
+                                           "text": {"format": {"type": "json_object"}}, "tool_choice": None}, 400),
+    ("/v1/messages", "MessagesRequest", {"model": "tiny", "max_tokens": 1, "messages": ASK, "tool_choice": None,
+                                         "tools": [{"name": "f", "input_schema": {}}],
+                                         "output_config": {"format": {"type": "json_schema", "schema": {}}}}, 400),
 ])
 def test_the_document_refuses_what_the_server_refuses(server, path, schema, body, status):
-    doc = httpx.get(f"{server.url}/openapi.json").json()
+    _document_agrees(server, path, schema, body, status)
+
+
+def _document_agrees(srv: ServerProcess, path: str, schema: str, body: dict, status: int) -> None:
+    """The server answers `status`, and the document calls `body` valid exactly when that is 200."""
+    doc = httpx.get(f"{srv.url}/openapi.json").json()
     validator = jsonschema.Draft202012Validator({"$ref": f"#/components/schemas/{schema}", **doc})
-    r = httpx.post(server.url + path, json=body, timeout=60)
+    r = httpx.post(srv.url + path, json=body, timeout=60)
     assert r.status_code == status, r.text
     assert validator.is_valid(body) == (status == 200), list(validator.iter_errors(body))[:1]
+
+
+@pytest.mark.parametrize("path, schema, body, status", [
+    ("/v1/embeddings", "EmbeddingRequest", {"input": [[2, 10**5]]}, 400),  # past the embedder's vocabulary
+    ("/v1/embeddings", "EmbeddingRequest", {"input": [list(range(2, 80))]}, 400),  # past its 64 tokens
+    ("/v1/embeddings", "EmbeddingRequest", {"input": [list(range(2, 80))], "truncate_prompt_tokens": -1}, 200),
+    ("/v1/embeddings", "EmbeddingRequest", {"input": "x", "dimensions": 65}, 400),  # past its width
+    ("/v1/embeddings", "EmbeddingRequest", {"model": "rr", "input": "x"}, 400),  # a reranker does not embed
+    ("/v1/embeddings", "EmbeddingRequest", {"input": ""}, 400),
+    ("/v1/rerank", "RerankRequest", {"query": "q", "documents": []}, 400),
+    ("/v1/score", "ScoreRequest", {"text_1": "a", "text_2": "b", "truncate_prompt_tokens": 0}, 400),
+    ("/v1/score", "ScoreRequest", {"text_1": "a", "text_2": "b"}, 200),
+])
+def test_the_document_states_the_served_encoders(default_server, path, schema, body, status):
+    _document_agrees(default_server, path, schema, body, status)
+
+
+def test_pooling_routes_no_model_can_serve_are_left_out_of_the_document(server):
+    doc = httpx.get(f"{server.url}/openapi.json").json()
+    assert "/v1/embeddings" not in doc["paths"] and "/v2/rerank" not in doc["paths"]
+    assert httpx.post(f"{server.url}/v1/embeddings", json={"input": "x"}).status_code == 400
+
+
+def test_a_streamed_response_names_itself_in_a_header_the_links_follow(server):
+    doc = httpx.get(f"{server.url}/openapi.json").json()
+    ok = doc["paths"]["/v1/responses"]["post"]["responses"]["200"]
+    assert {link["parameters"]["response_id"] for link in ok["links"].values()} == {"$response.header.X-Response-Id"}
+    with httpx.stream("POST", f"{server.url}/v1/responses", json={"input": "x", "max_output_tokens": 2,
+                                                                  "stream": True}) as r:
+        rid = r.headers["x-response-id"]
+        r.read()
+    assert httpx.get(f"{server.url}/v1/responses/{rid}").json()["id"] == rid
 
 
 def test_a_named_function_not_among_the_tools_is_the_400_no_schema_can_state(server):
@@ -261,17 +331,35 @@ def test_schemathesis_finds_no_failure(default_server, tmp_path):
 # ---- soak
 @pytest.mark.slow
 def test_short_soak_leaves_nothing_behind(smollm2_gguf, tmp_path):
+    """Chat, completions, Responses and embeddings (a tiny embedder beside the built-in model)."""
+    from encoder_fixtures import save_embedder
     from vinoserve.bench.soak import SoakConfig, launch_server, run_soak, stop_server
+    from vinoserve.model.default_model import DEFAULT_MODEL
 
     log = tmp_path / "server.log"
-    proc, url = launch_server(["--kv-cache-size", "0.5"], log)
+    embedder = save_embedder(tmp_path / "embedder")
+    proc, url = launch_server(["--model", DEFAULT_MODEL.name, "--model", f"emb={embedder}", "--kv-cache-size", "0.5"],
+                              log)
     try:
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+        # RSS is not judged: 300 requests do not touch the whole cache (docs/reliability.md)
         result = run_soak(url, model, SoakConfig(num_requests=300, concurrency=24, disconnect_share=0.25,
-                                                 sample_every_s=1.0, seed=5), proc.pid, log)
+                                                 sample_every_s=1.0, seed=5, max_rss_growth=1.0), proc.pid, log,
+                          embedder="emb")
     finally:
         assert stop_server(proc) == 0
     assert result["failures"] == [], result["failures"]
     assert result["requests_done"] == 300 and result["server_5xx"] == 0 and result["still_running"] == 0
     assert sum(result["disconnects"].values()) > 40 and result["statuses"].get("400", 0) > 0
-    assert result["rss_mb"] and result["delivered_tokens"] > 0
+    assert result["rss_mb"] and result["rss_growth"] is not None and result["delivered_tokens"] > 0
+    kinds = result["kinds"]
+    assert kinds["embeddings"] > 10 and kinds["responses-stream"] > 5 and kinds["responses-plain"] > 2, kinds
+
+
+def test_rss_growth_is_read_from_the_first_tenths_end_to_the_last_tenths_peak():
+    from vinoserve.bench.soak import rss_growth
+
+    samples = [{"done": d, "rss_mb": m} for d, m in ((0, 500), (50, 900), (100, 1000), (500, 1020), (950, 1040),
+                                                     (1000, 1030))]
+    assert rss_growth(samples, 1000) == pytest.approx(0.04)
+    assert rss_growth(samples[:2], 1000) is None  # the run never reached its last tenth
