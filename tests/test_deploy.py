@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCKER, K8S = ROOT / "docker", ROOT / "deploy" / "kubernetes"
 BASE = K8S / "base"
 DEPLOY_FILES = [DOCKER / "Dockerfile", DOCKER / "compose.yaml", DOCKER / "entrypoint.sh", *sorted(K8S.rglob("*.yaml"))]
-NOT_FLAGS = {"VINOSERVE_CACHE"}  # where models are cached: an environment setting, not a serve flag
+# where models are cached, where the image keeps its prebuilt kernels: environment settings, not serve flags
+NOT_FLAGS = {"VINOSERVE_CACHE", "VINOSERVE_KERNEL_DIR"}
 
 
 def _serve_parser():
