@@ -278,6 +278,10 @@ def _document_agrees(srv: ServerProcess, path: str, schema: str, body: dict, sta
     ("/v1/embeddings", "EmbeddingRequest", {"input": ""}, 400),
     ("/v1/rerank", "RerankRequest", {"query": "q", "documents": []}, 400),
     ("/v1/score", "ScoreRequest", {"text_1": "a", "text_2": "b", "truncate_prompt_tokens": 0}, 400),
+    # an embedder's text keeps its [CLS] and [SEP] however it is cut
+    ("/v1/embeddings", "EmbeddingRequest", {"input": "a b c", "truncate_prompt_tokens": 1}, 400),
+    ("/v1/embeddings", "EmbeddingRequest", {"input": "a b c", "truncate_prompt_tokens": 2}, 200),
+    ("/v1/score", "ScoreRequest", {"model": "emb", "text_1": "a", "text_2": "b c", "truncate_prompt_tokens": 1}, 400),
     ("/v1/score", "ScoreRequest", {"text_1": "a", "text_2": "b"}, 200),
 ])
 def test_the_document_states_the_served_encoders(default_server, path, schema, body, status):
