@@ -1,7 +1,5 @@
-// The AVX-512 path of vinoserve::LowBitMatMul's arithmetic (lowbit_layout.hpp says what it
+// The AVX-512 VNNI path of vinoserve::LowBitMatMul's arithmetic (lowbit_layout.hpp says what it
 // computes and the weights' layout): 16 weight rows a zmm register, one vpdpbusd a 64-byte chunk.
-// Built without VNNI (Skylake-SP, Skylake-X) a chunk's products are vpmaddubsw and vpmaddwd, 8-bit
-// weights taking their sign as the AVX2 path's do.
 #pragma once
 
 #include <immintrin.h>
@@ -18,32 +16,8 @@
 namespace vinoserve {
 namespace {
 
-#if defined(__AVX512VNNI__)
-constexpr bool VNNI = true;
-#else
-constexpr bool VNNI = false;
-#endif
-
-// What the integer sums need to take the weights' bias off: -bias times x's integers' sum (8-bit
-// weights without VNNI, multiplied with their sign as w = u - 128: 128 - bias).
-inline int bias_factor(const Weights& w) { return w.bits == 8 && !VNNI ? 128 - w.bias : -w.bias; }
-
-// s + one chunk's products of 16 rows' 4 unsigned weights u with x's 4 bytes (broadcast in xb).
-// Without VNNI 2 * (2^BITS - 1) * 128 fits vpmaddubsw's 16 bits but for 8-bit weights, which
-// take w = u - 128 and multiply |w| by x with w's sign.
-template <int BITS>
-inline __m512i dot(__m512i s, __m512i u, __m512i xb) {
-    if constexpr (VNNI) {
-        return _mm512_dpbusd_epi32(s, u, xb);
-    } else {
-        if constexpr (BITS == 8) {
-            const __m512i w = _mm512_xor_si512(u, _mm512_set1_epi8(-128));
-            xb = _mm512_mask_sub_epi8(xb, _mm512_movepi8_mask(w), _mm512_setzero_si512(), xb);
-            u = _mm512_abs_epi8(w);
-        }
-        return _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(u, xb), _mm512_set1_epi16(1)));
-    }
-}
+// What the integer sums need to take the weights' bias off: -bias times x's integers' sum.
+inline int bias_factor(const Weights& w) { return -w.bias; }
 
 inline __m512 load_half(const void* p, size_t i) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
@@ -159,9 +133,9 @@ void tile_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, co
             // two chains of dot products: one is latency-bound at one row of x (a 1.5B step 0.92x
             // the time); with two planes, a chain each (the second's with the bias)
             __m512i s[2] = {_mm512_setzero_si512(), _mm512_set1_epi32(a.c[ag])};
-            for (int c = 0; c < Q; c++) s[P == 2 ? 0 : c % 2] = dot<BITS>(s[P == 2 ? 0 : c % 2], u[c], _mm512_set1_epi32(x4[c]));
+            for (int c = 0; c < Q; c++) s[P == 2 ? 0 : c % 2] = _mm512_dpbusd_epi32(s[P == 2 ? 0 : c % 2], u[c], _mm512_set1_epi32(x4[c]));
             if constexpr (P == 2) {
-                for (int c = 0; c < Q; c++) s[1] = dot<BITS>(s[1], u[c], _mm512_set1_epi32(x4[w.k / 4 + c]));
+                for (int c = 0; c < Q; c++) s[1] = _mm512_dpbusd_epi32(s[1], u[c], _mm512_set1_epi32(x4[w.k / 4 + c]));
                 s[0] = _mm512_add_epi32(_mm512_slli_epi32(s[0], 8), s[1]);
             } else {
                 s[0] = _mm512_add_epi32(s[1], s[0]);
@@ -251,7 +225,7 @@ void pair_kernel(const Weights& w, const Activations& a, const PairTiles<BITS, Q
                     const int32_t* x4 = reinterpret_cast<const int32_t*>(a.q.get() + (m0 + m) * P * w.k + g * 4 * Q) + c + h * Q / 2;
                     for (int p = 0; p < P; p++) {
                         const __m512i xb = _mm512_set1_epi32(x4[p * w.k / 4]);
-                        for (int j = 0; j < 2; j++) s[p][j][m] = dot<BITS>(s[p][j][m], u[j][h], xb);
+                        for (int j = 0; j < 2; j++) s[p][j][m] = _mm512_dpbusd_epi32(s[p][j][m], u[j][h], xb);
                     }
                 }
         }
