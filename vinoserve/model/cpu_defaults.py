@@ -48,13 +48,15 @@ DEFAULTS: dict[CpuClass, ClassDefaults] = {
     CpuClass.AVX512_BF16: ClassDefaults(decode_model=False, kv_cache_precision="bf16",
                                         dynamic_quantization_group_size=0, lowbit_main=True,
                                         lowbit_prefetch=4096),
-    # Skylake-SP to Ice Lake (no bf16 arithmetic: f32 compute) and Zen 2 / 3, Haswell to Alder Lake:
-    # one f32 compilation on the kernel's AVX-512 VNNI path where the CPU has it, else its AVX2
-    # path (benchmarks/results/2026-12-03-avx2-and-avx512.md).
+    # Skylake-SP to Ice Lake (no bf16 arithmetic) and Zen 2 / 3, Haswell to Alder Lake: one f32
+    # compilation on the kernel's AVX-512 VNNI path where the CPU has it, else its AVX2 path, prompts
+    # in one int8 plane (AVX2 code, 1.5B Q4_0 / Q4_K_M: 2.4x / 1.8x less CPU a prompt token than
+    # llama.cpp where two planes gave 1.9x / 1.3x; long-context perplexity 1.010x f32's, two planes
+    # 1.002x): benchmarks/results/2026-12-03-avx2-and-avx512.md.
     CpuClass.AVX512: ClassDefaults(decode_model=False, kv_cache_precision=None, dynamic_quantization_group_size=None,
-                                   lowbit_main=True),
+                                   lowbit_main=True, lowbit_prompt_planes=1),
     CpuClass.AVX2: ClassDefaults(decode_model=False, kv_cache_precision=None, dynamic_quantization_group_size=None,
-                                 lowbit_main=True),
+                                 lowbit_main=True, lowbit_prompt_planes=1),
     CpuClass.OTHER: ClassDefaults(decode_model=False, kv_cache_precision=None, dynamic_quantization_group_size=None),
 }
 
