@@ -65,13 +65,13 @@ def test_each_class_gets_its_measured_defaults(q4_0):
     for cpu in (CpuClass.AVX512, CpuClass.AVX2):  # the kernel's AVX-512 or AVX2 path, one f32 compilation
         kernel = resolve(CompileOptions(), _Core("f32"), q4_0, cpu)
         assert (kernel.lowbit_main, kernel.inference_precision, kernel.kv_cache_precision) == (True, "f32", "f16")
-        assert kernel.lowbit_prompt_planes == 1  # prompts in llama.cpp's one int8 plane
+        assert kernel.lowbit_coarse == "all_but_qkv"  # a prompt's rows: two planes in q/k/v only
         plain = resolve(CompileOptions(lowbit_kernel=False), _Core("f32"), q4_0, cpu)  # the plugin's choices
         assert (plain.decode_model, plain.kv_cache_precision, plain.dynamic_quantization_group_size) == (False, None, None)
         assert "DYNAMIC_QUANTIZATION_GROUP_SIZE" not in plain.properties() and not plain.lowbit_main
     assert all(o.fuse_projections for o in (amx, zen, zen4))
     assert (amx.lowbit_prefetch, zen.lowbit_prefetch) == (1024, 4096)  # the kernel's, by class
-    assert zen.lowbit_prompt_planes == 2  # prompts near f32
+    assert zen.lowbit_coarse == "gate_up"
 
 
 def test_without_low_bit_weights_the_kernel_has_nothing_to_take(f16):

@@ -370,6 +370,20 @@ def test_on_avx512_bf16_one_f32_compilation_runs_every_low_bit_matmul_on_the_ker
     assert lowbit.PLANES in model.input_names
 
 
+def test_on_avx2_a_prompts_rows_take_two_planes_in_q_k_v_and_where_their_logits_are_read(kernel, q4_k, monkeypatch):
+    """The AVX2 and AVX-512 classes: in a step of two planes every product but the attention's
+    q/k/v (which fill the cache) and the logits' takes two on the sampled rows only."""
+    monkeypatch.setattr(cpu_defaults, "this_cpu", lambda: CpuClass.AVX2)
+    graph = build_model(q4_k.config, q4_k.tensor, "auto")
+    model = compile_paged(graph, CompileOptions())
+    assert model.options.lowbit_main and model.options.lowbit_coarse == "all_but_qkv"
+    planes = collections.Counter((n.get_attributes()["planes"], n.get_attributes()["sampled"])
+                                 for n in graph.get_ordered_ops() if n.get_type_name() == lowbit.OP)
+    # q/k/v: one fused product in the first layer, three apart in the second (their types differ);
+    # o, gate, up, down in each; the LM head
+    assert planes == {(0, 0): 1 + 3, (0, 1): 2 * 4, (2, 0): 1}
+
+
 def test_on_avx512_bf16_without_the_kernel_the_bf16_compilation_runs(q4_k, tmp_path, monkeypatch):
     _as_avx512_bf16(monkeypatch)
     monkeypatch.setenv("CXX", str(tmp_path / "no-compiler"))

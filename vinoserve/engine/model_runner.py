@@ -115,7 +115,6 @@ class ModelRunner:
         self._has_rotation = model.options.cache_rotation
         self._per_layer_tables = model.options.per_layer_block_tables
         self._has_planes = lowbit.PLANES in model.input_names
-        self._prompt_planes = model.options.lowbit_prompt_planes
         self._table_of = list(range(self._num_layers)) if table_of is None else list(table_of)
         self._num_tables = max(self._table_of) + 1
         self.infer_seconds = 0.0  # blocked on OpenVINO (starting, waiting); the rest of a step is our Python
@@ -161,7 +160,7 @@ class ModelRunner:
             self._rotation_inputs(rotation, inputs)
         use_decode = self.fast_step_tokens is not None and total <= self.fast_step_tokens
         if self._has_planes and not use_decode:
-            inputs[lowbit.PLANES] = np.array(self.planes(chunks, self._prompt_planes), dtype=np.int32)
+            inputs[lowbit.PLANES] = np.array(self.planes(chunks), dtype=np.int32)
         bound = (self._decode_inputs if use_decode else self._inputs)[self._turn]
         self._turn = (self._turn + 1) % len(self._inputs)
         inputs = bound.write(inputs)
@@ -169,15 +168,14 @@ class ModelRunner:
         return PreparedStep(bound.request, inputs, np.flatnonzero(ids < 0).tolist(), [c.num_logits for c in chunks])
 
     @staticmethod
-    def planes(chunks: Sequence[ScheduledChunk], prompt_planes: int = 2) -> int:
-        """Int8 planes for the kernel's activations this step: `prompt_planes` (the CPU class's:
-        two, near f32, or one where two cost prompts too much) where it computes prompt tokens; two
-        where one sequence decodes, whose step reads the weights from memory
+    def planes(chunks: Sequence[ScheduledChunk]) -> int:
+        """Int8 planes for the kernel's activations this step: two (near f32) where it computes
+        prompt tokens, and where one sequence decodes, whose step reads the weights from memory
         and hides the second plane's products (Zen 5: 1.5B Q4_0 and the built-in model 0.99-1.01x
         the time; one plane there moved long-context perplexity 1-2% off f32's either way). Steps
         of several sequences decoding take one, llama.cpp's (4 and 16 sequences: 0.78x the time).
-        In a step of two, the MLP's gate and up take two on the sampled rows only (model/lowbit)."""
-        return prompt_planes if any(c.prompt for c in chunks) else 2 if len(chunks) == 1 else 1
+        In a step of two, some products take two on the sampled rows only (CompileOptions.lowbit_coarse)."""
+        return 2 if len(chunks) == 1 or any(c.prompt for c in chunks) else 1
 
     def start(self, step: PreparedStep, fill: Sequence[int] = ()) -> None:
         """Starts the step, with `fill` (in order) for its placeholder tokens; returns at once."""

@@ -26,9 +26,9 @@ class CompileOptions:
     lowbit_main: bool = False
     # resolved (cpu_defaults.py): how far ahead (bytes) the kernel prefetches its weights
     lowbit_prefetch: int = 1024
-    # resolved (cpu_defaults.py): int8 planes for the kernel's activations in steps with prompt
-    # tokens (engine/model_runner.py, ModelRunner.planes)
-    lowbit_prompt_planes: int = 2
+    # resolved (cpu_defaults.py): in the kernel's steps of two int8 planes, which products take the
+    # second only on the rows whose logits are read (model/lowbit/rewrite.py, COARSE)
+    lowbit_coarse: str = "gate_up"
     # with the kernel's one compilation, a static-shaped clone of it for one-token steps
     # (one_token.py); False: none
     one_token: bool = True

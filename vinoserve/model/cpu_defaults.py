@@ -32,8 +32,9 @@ class ClassDefaults:
     # How far ahead (bytes) the kernel prefetches its weights: 1 KiB as chosen on the Emerald
     # Rapids; Zen 5's memory wants more in flight (below).
     lowbit_prefetch: int = 1024
-    # Int8 planes for steps with prompt tokens on the kernel: 2 (near f32) or 1 (llama.cpp's)
-    lowbit_prompt_planes: int = 2
+    # In steps of two int8 planes (prompts, one sequence), the products whose other rows take one
+    # (lowbit/rewrite.py, COARSE): "gate_up" (the MLP's gate and up) or "all_but_qkv"
+    lowbit_coarse: str = "gate_up"
 
 
 DEFAULTS: dict[CpuClass, ClassDefaults] = {
@@ -49,14 +50,16 @@ DEFAULTS: dict[CpuClass, ClassDefaults] = {
                                         dynamic_quantization_group_size=0, lowbit_main=True,
                                         lowbit_prefetch=4096),
     # Skylake-SP to Ice Lake (no bf16 arithmetic) and Zen 2 / 3, Haswell to Alder Lake: one f32
-    # compilation on the kernel's AVX-512 VNNI path where the CPU has it, else its AVX2 path, prompts
-    # in one int8 plane (AVX2 code, 1.5B Q4_0 / Q4_K_M: 2.4x / 1.8x less CPU a prompt token than
-    # llama.cpp where two planes gave 1.9x / 1.3x; long-context perplexity 1.010x f32's, two planes
-    # 1.002x): benchmarks/results/2026-12-03-avx2-and-avx512.md.
+    # compilation on the kernel's AVX-512 VNNI path where the CPU has it, else its AVX2 path. A
+    # prompt's rows take two int8 planes in the attention's q/k/v (they fill the cache) and where
+    # their logits are read, one elsewhere: AVX2 code, 1.5B Q4_0 / Q4_K_M, 2.3x / 1.6x less CPU a
+    # prompt token than llama.cpp (two planes throughout: 1.9x / 1.3x), long-context perplexity
+    # 1.001x f32's, the README's question answered Paris at 25 of 40 seeds (f32 27, one plane
+    # throughout 9): benchmarks/results/2026-12-03-avx2-and-avx512.md.
     CpuClass.AVX512: ClassDefaults(decode_model=False, kv_cache_precision=None, dynamic_quantization_group_size=None,
-                                   lowbit_main=True, lowbit_prompt_planes=1),
+                                   lowbit_main=True, lowbit_coarse="all_but_qkv"),
     CpuClass.AVX2: ClassDefaults(decode_model=False, kv_cache_precision=None, dynamic_quantization_group_size=None,
-                                 lowbit_main=True, lowbit_prompt_planes=1),
+                                 lowbit_main=True, lowbit_coarse="all_but_qkv"),
     CpuClass.OTHER: ClassDefaults(decode_model=False, kv_cache_precision=None, dynamic_quantization_group_size=None),
 }
 
@@ -71,7 +74,7 @@ def resolve(options: CompileOptions, core: ov.Core, model: ov.Model, cpu: CpuCla
     if options.device != "CPU":
         return replace(options, decode_model=False, fuse_projections=bool(options.fuse_projections))
     row = DEFAULTS[cpu or this_cpu()]
-    options = replace(options, lowbit_prefetch=row.lowbit_prefetch, lowbit_prompt_planes=row.lowbit_prompt_planes)
+    options = replace(options, lowbit_prefetch=row.lowbit_prefetch, lowbit_coarse=row.lowbit_coarse)
     if row.lowbit_main and _left_to_kernel(options) and decode_model.has_low_bit_matmuls(model):
         # f32 compute's own cache here is u8; f16 takes bf16's bytes and moved the first reply
         # token less (40 chat prompts against f32, Zen 5)

@@ -152,7 +152,8 @@ def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None
     raw = model.clone() if options.decode_model and options.lowbit_kernel is not False else None
     if options.lowbit_main:  # int8 planes a step as the runner sets them (lowbit.PLANES)
         kernel = MainKernel(lowbit.kernel_graph(model, core, bool(options.fuse_projections), planes=True,
-                                                prefetch=options.lowbit_prefetch, sampled=SAMPLED_INDICES))
+                                                prefetch=options.lowbit_prefetch, sampled=SAMPLED_INDICES,
+                                                coarse=options.lowbit_coarse))
     else:
         split_block_offsets(model)  # after to_paged: the LM head's correction must read the gathered rows
         if options.fuse_projections:

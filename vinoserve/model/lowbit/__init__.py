@@ -21,17 +21,17 @@ from vinoserve.model.lowbit.rewrite import OP, replace_gathers, replace_matmuls
 
 __all__ = ["OP", "PLANES", "Unavailable", "kernel_graph", "use_kernel"]
 
-# The main compilation's input on AVX512_BF16 CPUs: 2 (x in two int8 planes, near f32) where a
-# step computes prompt tokens or one sequence decodes, 1 (llama.cpp's one plane) where several
-# decode (engine/model_runner.py, ModelRunner.planes). In a step of two, the MLP's gate and up
-# products take two on the rows whose logits are read only (kernel_graph's `sampled`).
+# The main compilation's input where it runs on the kernel: 2 (x in two int8 planes, near f32)
+# where a step computes prompt tokens or one sequence decodes, 1 (llama.cpp's one plane) where
+# several decode (engine/model_runner.py, ModelRunner.planes). In a step of two, some products
+# take two on the rows whose logits are read only (kernel_graph's `sampled`, rewrite.COARSE).
 PLANES = "lowbit_planes"
 
 
 def use_kernel(model: ov.Model, core: ov.Core, planes: ov.Output | None = None, prefetch: int = 1024,
-               gathers: bool = True, sampled: ov.Output | None = None) -> int:
+               gathers: bool = True, sampled: ov.Output | None = None, coarse: str = "gate_up") -> int:
     """In place: the model's low-bit MatMuls on the kernel, registered with `core`; x in one int8
-    plane, or in as many as the scalar `planes` says and the logits' in two (the MLP's gate and up
+    plane, or in as many as the scalar `planes` says and the logits' in two (the `coarse` products
     in two on the `sampled` rows only, where given: rewrite.replace_matmuls); weights prefetched
     `prefetch` bytes ahead; with `gathers`, its low-bit token table's rows read by the library's
     gather (rewrite.replace_gathers). Returns how many MatMuls; raises Unavailable (the model untouched) where it
@@ -40,19 +40,19 @@ def use_kernel(model: ov.Model, core: ov.Core, planes: ov.Output | None = None, 
     core.add_extension(path)  # again on the same core is harmless
     factory = NodeFactory()
     factory.add_extension(path)
-    count = replace_matmuls(model, factory, planes, prefetch, sampled)
+    count = replace_matmuls(model, factory, planes, prefetch, sampled, coarse)
     if gathers:
         replace_gathers(model, factory)
     return count
 
 
 def kernel_graph(model: ov.Model, core: ov.Core, fuse: bool, planes: bool = False, prefetch: int = 1024,
-                 gathers: bool = True, sampled: str | None = None) -> int:
+                 gathers: bool = True, sampled: str | None = None, coarse: str = "gate_up") -> int:
     """In place, a graph fresh from paged_attention_transformation: gate and up fused (`fuse`),
     the low-bit MatMuls on the kernel, and the block offsets of what it does not take split as
     the plugin's graph has them. With `planes`, an input PLANES (i32 scalar, 1 or 2) sets how
     many int8 planes x is quantized to each step; `sampled`: the name of the input listing the
-    rows whose logits a step reads, the only ones the MLP's gate and up take in two planes.
+    rows whose logits a step reads, the only ones the `coarse` products take in two planes.
     Returns how many; raises Unavailable."""
     library()  # before the graph changes: where it cannot be built, the caller keeps the plugin's
     if fuse:
@@ -63,7 +63,7 @@ def kernel_graph(model: ov.Model, core: ov.Core, fuse: bool, planes: bool = Fals
         scalar.output(0).set_names({PLANES})
         model.add_parameters([scalar])
     rows = next((p.output(0) for p in model.get_parameters() if sampled and sampled in p.output(0).get_names()), None)
-    count = use_kernel(model, core, None if scalar is None else scalar.output(0), prefetch, gathers, rows)
+    count = use_kernel(model, core, None if scalar is None else scalar.output(0), prefetch, gathers, rows, coarse)
     if scalar is not None and not count:
         model.remove_parameter(scalar)
     split_block_offsets(model)

@@ -25,13 +25,20 @@ K_BLOCK = 256  # weights a K-quant's f16 factor covers
 _CENTRES = (8, 16)  # weights.py's centring of Q4_K's and Q5_K's values (quantized._centred)
 
 
+# In a step of two planes, the products that take them on the sampled rows only (the rows whose
+# logits are read), one on the rest of a prompt's (cpu_defaults.py chooses per CPU class): the
+# MLP's gate and up, or every product but the attention's q/k/v, whose outputs fill the cache.
+COARSE = ("gate_up", "all_but_qkv")
+
+
 def replace_matmuls(model: ov.Model, factory: NodeFactory, planes: ov.Output | None = None,
-                    prefetch: int = 1024, sampled: ov.Output | None = None) -> int:
+                    prefetch: int = 1024, sampled: ov.Output | None = None, coarse: str = "gate_up") -> int:
     """In place. Returns how many MatMuls now run on the kernel. Each quantizes x in one int8
     plane, or (`planes` given) in as many as that scalar says, a step at a time; then the logits'
     MatMul always takes two: its errors are the logits' (lowbit_matmul.cpp). With `sampled` (the
-    rows whose logits a step reads) as well, the products feeding an activation (the MLP's gate,
-    fused with up) take two planes on those rows only, one on the rest of a prompt's."""
+    rows whose logits a step reads) as well, the `coarse` products (COARSE) take two planes on
+    those rows only, one on the rest of a prompt's."""
+    assert coarse in COARSE, coarse
     count = 0
     for node in model.get_ordered_ops():
         if node.get_type_name() != "MatMul" or node.get_attributes() != {"transpose_a": False, "transpose_b": True}:
@@ -40,11 +47,13 @@ def replace_matmuls(model: ov.Model, factory: NodeFactory, planes: ov.Output | N
         if found is None or node.get_output_element_type(0) != ov.Type.f32:
             continue
         split = _column_split(node)
-        gate = any(map(feeds_activation, node.outputs() if split is None else split[0].outputs()))
+        outputs = node.outputs() if split is None else split[0].outputs()
+        logits = _gives_logits(node)
+        rough = any(map(feeds_activation, outputs)) if coarse == "gate_up" else not (logits or _fills_cache(outputs))
         lowbit = _lowbit_node(factory, node.input_value(0), *found,
-                              None if planes is None else 2 if _gives_logits(node) else planes,
+                              None if planes is None else 2 if logits else planes,
                               [] if split is None else split[1], prefetch,
-                              sampled if gate and isinstance(planes, ov.Output) else None)
+                              sampled if rough and isinstance(planes, ov.Output) else None)
         lowbit.set_friendly_name(node.get_friendly_name())
         for i, output in enumerate([node.output(0)] if split is None else split[0].outputs()):
             output.replace(lowbit.output(i))
@@ -132,6 +141,23 @@ def _column_split(node: ov.Node) -> tuple[ov.Node, list[int]] | None:
     if int(axis.get_data()) % rank != rank - 1 or len(parts) > 4 or any(n <= 0 or n % pack.TILE for n in parts):
         return None
     return split, parts
+
+
+def _fills_cache(outputs: list[ov.Output], hops: int = 16) -> bool:
+    """Whether the outputs reach a PagedAttention within `hops` nodes without another MatMul on the
+    way: the attention's q/k/v (through their reshapes, norms and RoPE), not the o projection or
+    the MLP, whose outputs reach the next layer's attention only through its q/k/v."""
+    seen: set[str] = set()  # by name: a node's Python wrapper is new at each look, so ids repeat
+    todo = [(t.get_node(), 1) for output in outputs for t in output.get_target_inputs()]
+    while todo:
+        node, depth = todo.pop()
+        if node.get_type_name() == "PagedAttentionExtension":
+            return True
+        if depth >= hops or node.get_name() in seen or node.get_type_name() in ("MatMul", OP):
+            continue
+        seen.add(node.get_name())
+        todo += [(t.get_node(), depth + 1) for out in node.outputs() for t in out.get_target_inputs()]
+    return False
 
 
 def _gives_logits(node: ov.Node) -> bool:
