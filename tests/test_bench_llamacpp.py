@@ -29,4 +29,8 @@ def test_same_prompt_through_both_engines(tmp_path, monkeypatch):
     assert all(float(rows[n][2]) > 0 and float(rows[n][3]) > 0 for n in rows), out
     assert re.fullmatch(r" +\d+\.\d{3} \[\d+\.\d{3}, \d+\.\d{3}\] +\d+\.\d{3} \[\d+\.\d{3}, \d+\.\d{3}\]",
                         rows["vinoserve f32"][5]), out
+    cpu = {m[1]: m for m in re.finditer(r"^(llama\.cpp|vinoserve f32) +(\d+\.\d\d) +(\d+\.\d\d) +(.*)$", out, re.M)}
+    assert set(cpu) == {"llama.cpp", "vinoserve f32"} and all(float(cpu[n][2]) > 0 for n in cpu), out  # CPU ms a token
+    assert re.fullmatch(r"\d+\.\d{3} \[\d+\.\d{3}, \d+\.\d{3}\] +\d+\.\d{3} \[\d+\.\d{3}, \d+\.\d{3}\]",
+                        cpu["vinoserve f32"][4]), out
     assert re.search(r"^llama\.cpp's own timings \(median\): decode \d+\.\d tok/s, prompt \d+\.\d tok/s$", out, re.M)

@@ -8,7 +8,11 @@ median [25th, 75th percentile] of the per-round ratios against llama.cpp.
 
 Timing is taken the same way for every engine, from outside it: prompt tok/s = prompt tokens /
 time to the first token; decode tok/s = (output tokens - 1) / time from the first token to the last.
-llama.cpp's own `timings` are printed beside its figures.
+llama.cpp's own `timings` are printed beside its figures. Beside them, each engine's CPU work: its
+process's CPU seconds (all threads) over the same spans, a token. On a machine other jobs share,
+wall-clock ratios say little (llama.cpp's threads spin while they wait for a core); with
+`--threads 1` the CPU work compares what each engine does for a token, whatever else runs
+(`--same-process` mixes every engine's threads into it).
 
     vinoserve bench llamacpp                                   # SmolLM2 Q4_1: llama.cpp, vinoserve auto, f16
     vinoserve bench llamacpp --input-len 512 --output-len 256 --rounds 7
@@ -46,6 +50,8 @@ class StreamTiming:
     output_tokens: int
     ttft_s: float  # request start to first token: the prompt's prefill (and one sampling step)
     decode_s: float  # first token to last
+    prompt_cpu_s: float = float("nan")  # the engine process's CPU seconds, all threads, over ttft_s
+    decode_cpu_s: float = float("nan")  # and over decode_s
 
     @property
     def prompt_tok_s(self) -> float:
@@ -57,6 +63,22 @@ class StreamTiming:
 
     # llama.cpp's own report of the same request (its `timings`), where the engine gives one
     internal: dict = field(default_factory=dict)
+
+    @property
+    def prompt_cpu_ms(self) -> float:
+        """CPU milliseconds a prompt token."""
+        return 1e3 * self.prompt_cpu_s / self.prompt_tokens
+
+    @property
+    def decode_cpu_ms(self) -> float:
+        """CPU milliseconds a decoded token."""
+        return 1e3 * self.decode_cpu_s / (self.output_tokens - 1) if self.output_tokens > 1 else float("nan")
+
+
+def _spans(marks: list[tuple[float, float]], prompt_tokens: int, output_tokens: int, internal: dict | None = None) -> StreamTiming:
+    """(wall, CPU) at the request's start, then at each token, as a timing."""
+    (w0, c0), (w1, c1), (w2, c2) = marks[0], marks[1], marks[-1]
+    return StreamTiming(prompt_tokens, output_tokens, w1 - w0, w2 - w1, c1 - c0, c2 - c1, internal or {})
 
 
 def gguf_path(model: str) -> Path:
@@ -87,25 +109,24 @@ class LlamaCpp:
         self._server = xllamacpp.Server(params)
 
     def generate(self, prompt: str | list[int], max_tokens: int) -> StreamTiming:
-        times: list[float] = []
+        marks: list[tuple[float, float]] = []
         last: dict = {}
 
         def on_chunk(chunk: dict) -> bool:
-            times.append(time.perf_counter())
+            marks.append((time.perf_counter(), time.process_time()))
             last.update(chunk)
             return False  # keep going
 
         request = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
                    "cache_prompt": False, "stream": True}
-        start = time.perf_counter()
+        start = (time.perf_counter(), time.process_time())
         self._server.handle_completions(request, on_chunk)
         if "error" in last or "usage" not in last:
             raise RuntimeError(f"llama.cpp failed: {last}")
         usage = last["usage"]
         # The final chunk carries usage and timings only; each token chunk before it carries text.
-        token_times = times[:-1] if len(times) > usage["completion_tokens"] else times
-        return StreamTiming(usage["prompt_tokens"], usage["completion_tokens"], token_times[0] - start,
-                            token_times[-1] - token_times[0], internal=last.get("timings", {}))
+        token_marks = marks[:-1] if len(marks) > usage["completion_tokens"] else marks
+        return _spans([start, *token_marks], usage["prompt_tokens"], usage["completion_tokens"], last.get("timings"))
 
     def close(self) -> None:
         del self._server
@@ -142,14 +163,13 @@ class Vinoserve:
 
         self._count += 1
         params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-        start = time.perf_counter()
+        marks = [(time.perf_counter(), time.process_time())]
         ids = self.engine.add_request(f"bench-{self._count}", prompt, params)
-        times: list[float] = []
         while self.engine.has_unfinished_requests:
             for out in self.engine.step():
-                now = time.perf_counter()
-                times.extend([now] * len(out.new_token_ids))
-        return StreamTiming(len(ids), len(times), times[0] - start, times[-1] - times[0])
+                now = (time.perf_counter(), time.process_time())
+                marks.extend([now] * len(out.new_token_ids))
+        return _spans(marks, len(ids), len(marks) - 1)
 
     def close(self) -> None:
         del self.engine
@@ -245,6 +265,16 @@ def report(runs: dict[str, list[StreamTiming]], reference: str = LlamaCpp.name) 
             ref = runs[reference]
             line += (f"   {_median_iqr([t.decode_tok_s / r.decode_tok_s for t, r in zip(timings, ref)]):<24}"
                      f"{_median_iqr([t.prompt_tok_s / r.prompt_tok_s for t, r in zip(timings, ref)])}")
+        lines.append(line)
+    lines.append(f"{'CPU work':<{width}}{'decode ms/tok':>14}{'prompt ms/tok':>14}{'':>10}"
+                 f"   {reference} / engine (less work: > 1)")
+    for name, timings in runs.items():
+        line = (f"{name:<{width}}{statistics.median(t.decode_cpu_ms for t in timings):>14.2f}"
+                f"{statistics.median(t.prompt_cpu_ms for t in timings):>14.2f}{'':>10}")
+        if name != reference and reference in runs:
+            ref = runs[reference]
+            line += (f"   {_median_iqr([r.decode_cpu_ms / t.decode_cpu_ms for t, r in zip(timings, ref)]):<24}"
+                     f"{_median_iqr([r.prompt_cpu_ms / t.prompt_cpu_ms for t, r in zip(timings, ref)])}")
         lines.append(line)
     if reference in runs and runs[reference][0].internal:
         own = runs[reference]
