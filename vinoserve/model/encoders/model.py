@@ -37,6 +37,10 @@ class EncoderOptions:
 
     def properties(self) -> dict[str, str]:
         props = {"NUM_STREAMS": "1", "PERFORMANCE_HINT": "LATENCY"}
+        # Nearly every encoder batch is a new shape: the plugin's shape cache (5000 entries, ~140 kB
+        # each) grew resident memory for hours (docs/reliability.md); 64 keep a steady client's shapes.
+        if self.device == "CPU":
+            props["CPU_RUNTIME_CACHE_CAPACITY"] = "64"
         if self.inference_precision:
             props["INFERENCE_PRECISION_HINT"] = self.inference_precision
         if self.inference_precision == "f32":  # as for the LLM (model/paged.py): f32 means no int8 activations
