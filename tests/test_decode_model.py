@@ -29,8 +29,8 @@ def _alone(model: PagedModel, which: str) -> PagedModel:
 
 
 def test_steps_go_by_token_count_and_share_the_cache(q4_0):
-    """Forced on (any CPU): a prompt prefilled by the main compilation, then a one-token step and a
-    step past the decode model's limit. Each gives exactly the logits of the compilation it belongs to, run alone
+    """Forced on (any CPU): a prompt prefilled by the main compilation, then a one-token step, the
+    same token as a prompt's and a step past the decode model's limit. Each gives exactly the logits of the compilation it belongs to, run alone
     over a copy of the cache: the one-token step read the prompt's KV the main one wrote."""
     options = CompileOptions(inference_precision="f32", decode_model=True)
     model = compile_paged(build_model(q4_0.config, q4_0.tensor, "auto"), options)
@@ -40,10 +40,11 @@ def test_steps_go_by_token_count_and_share_the_cache(q4_0):
     routed = ModelRunner(model, cache, num_requests=1)
     prompt = list(range(10, 40))
     routed.step([ScheduledChunk(prompt, 0, [[0, 1]])])
-    for new in ([41], list(range(41, 42 + decode_model.MAX_TOKENS))):
-        assert (len(new) <= decode_model.MAX_TOKENS) == (len(new) == 1)
-        which = "decode" if len(new) <= decode_model.MAX_TOKENS else "main"
-        step = [ScheduledChunk(new, len(prompt), [[0, 1]], num_logits=len(new))]
+    # a token just sampled, the same read in (a prompt's last: on the main compilation whatever its
+    # size, as in a prompt computed whole), and a step past the decode model's limit
+    for new, read_in in (([41], False), ([41], True), (list(range(41, 42 + decode_model.MAX_TOKENS)), False)):
+        which = "decode" if len(new) <= decode_model.MAX_TOKENS and not read_in else "main"
+        step = [ScheduledChunk(new, len(prompt), [[0, 1]], num_logits=len(new), prompt=read_in)]
         before = _copy(cache)
         got = routed.step(step).rows.copy()
         ref = ModelRunner(_alone(model, which), before, num_requests=1).step(step).rows

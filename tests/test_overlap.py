@@ -122,7 +122,7 @@ def test_a_prompt_shares_the_blocks_of_a_step_still_computing(tiny):
     """A request planned while the step holding its prefix computes reuses those blocks: they are
     registered at launch, and the step that reads them runs after it."""
     path, prompts = tiny
-    head = prompts[6][:96]  # two 48-token chunks of the first prompt
+    head = prompts[6][:96]  # the first prompt's start: its chunks of a block each (the budget, 48, cuts at a block's end)
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     engine = _engine(path, True, 64)
     block = engine.blocks.block_size
@@ -134,7 +134,7 @@ def test_a_prompt_shares_the_blocks_of_a_step_still_computing(tiny):
     while engine.has_unfinished_requests:
         for out in engine.step():
             got.setdefault(out.request_id, []).extend(out.new_token_ids)
-    assert b.num_cached_prompt_tokens == 96 // block * block
+    assert b.num_cached_prompt_tokens == 2 * block  # the chunk that ran and the one that was computing
     reference = _engine(path, False, 64, prefix=False)
     for rid, prompt in (("a", prompts[6]), ("b", head + prompts[0])):
         reference.add_request(rid, prompt, params)

@@ -12,7 +12,7 @@ from vinoserve.cache.block_allocator import BlockAllocator
 from vinoserve.cache.block_manager import BlockManager
 from vinoserve.cache.prefix_cache import PrefixCache
 from vinoserve.scheduler.sampling_params import SamplingParams
-from vinoserve.scheduler.scheduler import Scheduler, SchedulerConfig
+from vinoserve.scheduler.scheduler import MIN_PROMPT_CHUNK, Scheduler, SchedulerConfig
 from vinoserve.scheduler.sequence import Sequence, SequenceStatus
 from test_scheduler_properties import arrive_and_abort
 
@@ -134,7 +134,8 @@ def test_a_prefix_shared_by_simultaneous_arrivals_is_computed_once():
     blocks = BlockManager(32, BLOCK, prefix_salt=b"test")
     sched = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=8, watermark=0), blocks)
     prefix = BASE[:12]  # three blocks
-    seqs = [Sequence(f"r{i}", prefix + [100 + i, 101 + i], SamplingParams(max_tokens=1)) for i in range(3)]
+    seqs = [Sequence(f"r{i}", prefix + [100 + i, 101 + i, 102 + i, 103 + i], SamplingParams(max_tokens=1))
+            for i in range(3)]
     for s in seqs:
         sched.add(s)
     computed = 0
@@ -148,7 +149,38 @@ def test_a_prefix_shared_by_simultaneous_arrivals_is_computed_once():
             if s.samples:
                 s.seq.output_token_ids.append(1)
                 sched.finish(s.seq, SequenceStatus.FINISHED, "length")
-    assert computed == 14 + 2 * 2, "the 12 shared tokens once, then each request's own 2"
+    assert computed == 16 + 2 * 4, "the 12 shared tokens once, then each request's own 4"
     assert [s.num_cached_prompt_tokens for s in seqs] == [0, 12, 12]
-    assert blocks.prefix.num_queried_tokens == 3 * 14 and blocks.prefix.num_hit_tokens == 24
+    assert blocks.prefix.num_queried_tokens == 3 * 16 and blocks.prefix.num_hit_tokens == 24
     assert blocks.num_free_blocks == 32
+
+
+def test_a_prompts_last_tokens_are_computed_in_a_chunk_of_at_least_the_least_size():
+    """A prompt's last few tokens, computed alone, take other kernels than in a long chunk: a hit
+    leaves at least MIN_PROMPT_CHUNK tokens to compute (a cached block goes unused for it), and
+    the step budget cuts a prompt at a block's end that leaves as many for its last chunk."""
+    least = MIN_PROMPT_CHUNK
+    blocks = BlockManager(64, BLOCK, prefix_salt=b"test")
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=4 * least), blocks)
+    prompt = [7 + i % 50 for i in range(4 * least + 2)]  # two tokens past the budget
+    chunks = _run_alone(sched, Sequence("a", prompt, SamplingParams(max_tokens=1)))
+    assert chunks == [len(prompt) - least - 2, least + 2]  # cut at a block's end, as a hit would be
+    hit = Sequence("b", prompt, SamplingParams(max_tokens=1))
+    assert _run_alone(sched, hit) == [least + 2] and hit.num_cached_prompt_tokens == len(prompt) - least - 2
+    longer = Sequence("c", prompt + [99] * (least + 1), SamplingParams(max_tokens=1))
+    assert _run_alone(sched, longer) == [least + 3]  # every block of the prompt above is a hit
+
+
+def _run_alone(sched: Scheduler, seq: Sequence) -> list[int]:
+    """The chunks in which `seq`, alone, computes its prompt."""
+    sched.add(seq)
+    chunks = []
+    while sched.has_unfinished:
+        out = sched.schedule()
+        for s in out.scheduled:
+            s.seq.num_computed_tokens += s.num_tokens
+            chunks.append(s.num_tokens)
+        sched.cache_computed([(s.seq, s.seq.num_computed_tokens) for s in out.scheduled])
+        if out.scheduled[-1].samples:
+            sched.finish(seq, SequenceStatus.FINISHED, "length")
+    return chunks

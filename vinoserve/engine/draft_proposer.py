@@ -132,7 +132,8 @@ class DraftModelProposer:
                 if budget == 0:
                     break
                 st, take = self._states[seqs[i]], missing[:budget]
-                chunks.append(ScheduledChunk(take, len(st.tokens), st.tables, int(len(take) == len(missing))))
+                chunks.append(ScheduledChunk(take, len(st.tokens), st.tables, int(len(take) == len(missing)),
+                                             prompt=len(st.tokens) < len(seqs[i].prompt_token_ids)))
                 owners.append(i)
                 budget -= len(take)
             rows = self.runner.step(chunks).rows

@@ -158,7 +158,11 @@ class ModelRunner:
             inputs["score_aggregation_window"] = np.array([c.score_window for c in chunks], dtype=np.int32)
         if self._has_rotation:
             self._rotation_inputs(rotation, inputs)
-        use_decode = self.fast_step_tokens is not None and total <= self.fast_step_tokens
+        # Tokens read in run on the main compilation whatever their number, so a prompt's last
+        # tokens compute alike after a prefix-cache hit (a few on the decode model moved the first
+        # token's logits by 0.6 on AMX) and in a prompt computed whole.
+        use_decode = (self.fast_step_tokens is not None and total <= self.fast_step_tokens
+                      and not any(c.prompt for c in chunks))
         if self._has_planes and not use_decode:
             inputs[lowbit.PLANES] = np.array(self.planes(chunks), dtype=np.int32)
         bound = (self._decode_inputs if use_decode else self._inputs)[self._turn]

@@ -8,6 +8,15 @@ from dataclasses import dataclass, field
 from vinoserve.cache.block_manager import BlockManager, Hit
 from vinoserve.scheduler.sequence import Sequence, SequenceStatus
 
+# The fewest tokens of a prompt one step computes where it has the choice: the rest after a
+# prefix-cache hit, the last chunk of a long prompt. Below about this a chunk's tokens take other
+# kernels than a long chunk's (built-in model on AMX: 1-4 tokens moved the first token's logits
+# by 0.3-0.6 at bf16, 1 token by 0.009 at f32; 5 and more gave them bit for bit), so a prompt's
+# answer hung on how much of it the prefix cache held and where the step budget cut it. Where
+# the budget cuts a prompt, it cuts at a block's end: a u8 cache quantizes keys per block, and a
+# block written in two steps holds other keys (0.44 on the first token's logits, AMX).
+MIN_PROMPT_CHUNK = 16
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -71,7 +80,7 @@ class Scheduler:
                 continue
             if self.blocks.releases:  # 0.3-0.4 us a sequence a step for nothing without a window
                 self.blocks.release_behind(seq.block_tables, seq.num_computed_tokens)
-            n = min(seq.num_uncomputed_tokens, budget)
+            n = self._chunk(seq.num_cached_tokens, seq.num_uncomputed_tokens, budget)
             drafts = self._fit_drafts(seq, n, budget)
             if not self._make_room(seq, n + drafts, out):
                 break  # seq itself was the newest and got preempted
@@ -95,7 +104,7 @@ class Scheduler:
                 w += 1  # its next blocks are being computed by a running sequence: take them when done
                 continue
             start = len(hits) * self.blocks.block_size
-            n = min(seq.num_tokens - start, budget)
+            n = self._chunk(start, seq.num_tokens - start, budget)
             reserve = (self._watermark if self.running else 0) + growth
             needed = self.blocks.admission_cost(hits, start + n)
             if max(needed, seq.most_blocks or 0) + reserve > self.blocks.num_free_blocks:
@@ -108,6 +117,21 @@ class Scheduler:
             budget -= n
             pending |= self._uncomputed_hashes(seq)
         return out
+
+    @property
+    def _least_chunk(self) -> int:
+        return min(MIN_PROMPT_CHUNK, self.config.max_num_batched_tokens // 2)
+
+    def _chunk(self, cached: int, remaining: int, budget: int) -> int:
+        """Tokens of a sequence's uncomputed `remaining` (after its `cached` ones) to compute this
+        step: all of them where the budget allows, else up to the last block's end that leaves at
+        least MIN_PROMPT_CHUNK for later (where the budget reaches none, what it allows)."""
+        n = min(remaining, budget)
+        if n == remaining:
+            return n
+        end = cached + min(n, remaining - self._least_chunk)
+        end -= end % self.blocks.block_size
+        return end - cached if end > cached else n
 
     def _fit_drafts(self, seq: Sequence, n: int, budget: int) -> int:
         """How many of seq's proposed tokens to verify this step: they count against the token
@@ -131,7 +155,10 @@ class Scheduler:
         """Cached blocks `seq` can start from ([] without prefix caching)."""
         if self.blocks.prefix is None or _scores_prompt(seq):
             return []
-        return self.blocks.match_prefix(seq.block_hashes, seq.token_ids, seq.num_tokens)
+        hits = self.blocks.match_prefix(seq.block_hashes, seq.token_ids, seq.num_tokens)
+        while hits and seq.num_tokens - len(hits) * self.blocks.block_size < self._least_chunk:
+            hits.pop()  # the rest is computed as a chunk of a prompt computed whole would be
+        return hits
 
     def _waits_for(self, seq: Sequence, num_hits: int, pending: set[bytes]) -> bool:
         return not _scores_prompt(seq) and num_hits < len(seq.block_hashes) and seq.block_hashes[num_hits] in pending
