@@ -74,7 +74,7 @@ def test_speculation_proposes_past_the_clone(avx512_bf16):
     config = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
     engine = _engine(True, config)
     assert engine.speculator.proposal_cap is None and engine.speculator.cost.timed_up_to == 1
-    engine.speculator.budget = lambda limits, rates: list(limits)  # the most each step, whatever the timings
+    engine.speculator._budget = lambda fit, limits, rates: list(limits)  # the most each step, whatever the timings
     prompt = list(range(50, 80)) * 3
     spoken = _generate(engine, [prompt], max_tokens=40)
     assert engine.speculator.stats.num_draft_tokens > 0

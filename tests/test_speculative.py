@@ -30,7 +30,7 @@ def eager(engine: LLMEngine) -> LLMEngine:
     """Propose the most every step, so which tokens a step verifies does not depend on this
     machine's timings."""
     if engine.speculator is not None:
-        engine.speculator.budget = lambda limits, rates: [max(k, 0) for k in limits]
+        engine.speculator._budget = lambda fit, limits, rates: [max(k, 0) for k in limits]
     return engine
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from vinoserve.engine.ngram_proposer import find_continuation
-from vinoserve.engine.speculative import SpeculativeConfig, Speculator
+from vinoserve.engine.speculative import AHEAD, SpeculativeConfig, Speculator
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.scheduler.sequence import Sequence
 
@@ -50,8 +50,7 @@ def test_proposals_are_made_while_they_pay_for_their_share_of_the_step():
     assert weight_bound.budget([2], [0.9]) == [2]  # near max_tokens
     assert compute_bound.budget([4] * 16, [0.7] * 16) == [0] * 16  # a big batch gains nothing
     assert 0 < sum(compute_bound.budget([4], [0.9])) < 4
-    fresh = Speculator(SpeculativeConfig())  # no figures yet: k, 0, k/2 in turn, to get some
-    assert [fresh.budget([4], [0.9]) for _ in range(4)] == [[4], [0], [2], [4]]
+    assert Speculator(SpeculativeConfig()).budget([4], [0.9]) == [0]  # nothing measured: no proposals
 
 
 def test_proposals_keep_a_step_on_the_fast_compilation():
@@ -117,7 +116,7 @@ def test_proposals_turned_down_still_teach_a_sequence_its_odds():
     for n in (1, 2, 3, 5):
         spec.cost.observe(n, 0.020 + 0.004 * n)
     spec.cost.observe(1, 0.012, overlapped=True)
-    for _ in range(2):  # a server whose first proposals all failed: the engine's odds start low
+    for _ in range(2):  # another sequence's failures do not move these two's odds
         spec.record(Sequence("x", [1, 2], SamplingParams(max_tokens=8)), 4, 0)
     copying = Sequence("c", [5, 6, 7, 8, 9, 5, 6], SamplingParams(max_tokens=64))
     chatting = Sequence("d", [5, 6, 7, 8, 9, 5, 6], SamplingParams(max_tokens=64))
@@ -130,3 +129,30 @@ def test_proposals_turned_down_still_teach_a_sequence_its_odds():
     assert spec.plan_ahead([chatting], [64])
     assert spec._rate(chatting) < spec._rate(copying)
     assert spec.stats.num_drafts == 2  # the failed ones alone
+
+
+def test_costs_measured_in_calibration_stay_and_odds_are_a_sequences_own():
+    """The calibration plan sets each step's proposals (padded to the planned number where lookup
+    finds fewer) and which plain steps are planned ahead; once frozen, no timing moves the costs,
+    and a sequence's odds come from its own outcomes alone: the same request takes the same steps."""
+    spec = Speculator(SpeculativeConfig(num_speculative_tokens=4))
+    seq = Sequence("s", [3, 1, 2, 1, 2], SamplingParams(max_tokens=16))
+    spec.calibrate([0, AHEAD, 3])
+    spec.propose([seq], [16])
+    assert seq.draft_token_ids == [] and spec.plan_ahead([seq], [16])  # then a step planned ahead
+    assert not spec.plan_ahead([seq], [16])  # the next one verifies: it waits for its token
+    spec.propose([seq], [16])
+    assert seq.draft_token_ids == [1, 2, 2] and not spec.calibrating  # "1 2" looked up, padded
+    for n in (1, 2, 4, 9):
+        spec.cost.observe(n, 0.020 + 0.002 * n)
+    spec.record(seq, 3, 3)
+    spec.freeze()
+    fit, stats = spec.cost.fit(), spec.stats
+    spec.cost.observe(1, 0.5)
+    spec.cost.observe(3, 0.001)
+    assert spec.cost.fit() == fit and stats.num_drafts == 0  # calibration's proposals are not counted
+    first, second = (Sequence(r, [1, 2, 3, 1, 2], SamplingParams(max_tokens=16)) for r in "ab")
+    odds = spec._rate(first)
+    for _ in range(3):
+        spec.record(first, 4, 0)
+    assert spec._rate(second) == odds > spec._rate(first)

@@ -11,6 +11,7 @@ from vinoserve.cache.kv_cache import KVCache
 from vinoserve.cache.layer_groups import LayerGroups
 from vinoserve.cache.prefix_cache import salt_hash
 from vinoserve.engine import step_plan
+from vinoserve.engine.calibration import calibrate
 from vinoserve.engine.config import EngineConfig, StepStats
 from vinoserve.engine.draft_proposer import DraftModelProposer
 from vinoserve.engine.evictor import Evictor, SequenceEviction
@@ -89,6 +90,8 @@ class LLMEngine:
             f"({paged.layout.key_type.get_type_name()} keys, {paged.layout.value_type.get_type_name()} values)"
             + (f"; {paged.describe()}" if paged.describe() else "")
             + (f"; defaults for CPU class {this_cpu().value}" if options.device == "CPU" else ""))
+        if self.speculator is not None:
+            calibrate(self)
         release_freed_heap()  # the load's temporaries (see memory.py)
 
     @property

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import time
 import weakref
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Protocol
 
@@ -21,6 +23,12 @@ from vinoserve.engine.ngram_proposer import NgramProposer
 from vinoserve.scheduler.sequence import Sequence
 
 METHODS = ("ngram", "draft_model")
+AHEAD = -1  # in a calibration plan: a plain step planned ahead of the one before it (overlapped)
+# A new sequence's odds until its own proposals, verified or shadowed, show its rate. AMX, the
+# built-in model, 8 prompts a workload, decode steps priced by one measured table (so that timing
+# noise drops out): 0.7 yielded 1.05-1.16x what 0.5 did quoting, extracting and in open chat,
+# copying and answering over a tool's output level; 0.8 no better (benchmarks/results/).
+PRIOR = 0.7
 
 
 @dataclass(frozen=True)
@@ -100,31 +108,41 @@ class SpecStats:
 
 class StepCost:
     """Seconds per step as a + b * tokens: what one more token in a step costs on this machine,
-    for this model, now. A decayed average per step size, fitted by least squares, so sizes seen
-    long ago still anchor the line while recent steps move it.
+    for this model. Measured before the first request (`engine/calibration.py`: each size a few
+    times, the least taken, as the step's own cost without what else ran), then frozen: priced
+    from live timings, whether a step speculated, and with it the text at reduced precision,
+    moved with the machine's load, and the same request came back different (issue 59).
 
     The line is fitted to steps run one at a time, as every step that verifies proposals is;
     steps planned ahead of the one before them (overlapped) are kept apart, and what they save
     at the same size is the price of speculating at all (`overlap_saving`). Steps of at most
     `timed_up_to` tokens run on a faster compilation that no proposal fits in (the kernel's
-    one-token clone): a plain step of that size is priced as timed (`timed`)."""
+    one-token clone): a plain step of that size is priced as timed (`timed`). Where proposals
+    keep a step within a faster compilation (`fitted_up_to`, the decode model's 16 tokens), the
+    line is fitted over the sizes it runs."""
 
-    def __init__(self, decay: float = 0.9, timed_up_to: int = 0) -> None:
-        self.decay = decay
+    def __init__(self, timed_up_to: int = 0, fitted_up_to: int | None = None) -> None:
         self.timed_up_to = timed_up_to
+        self.fitted_up_to = fitted_up_to
+        self.frozen = False
         self._seconds: dict[int, float] = {}
         self._overlapped: dict[int, float] = {}
 
     def observe(self, num_tokens: int, seconds: float, overlapped: bool = False) -> None:
+        if self.frozen:
+            return
         table = self._overlapped if overlapped else self._seconds
-        old = table.get(num_tokens)
-        table[num_tokens] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+        table[num_tokens] = min(seconds, table.get(num_tokens, seconds))
+
+    def freeze(self) -> None:
+        self.frozen = True
 
     def fit(self) -> tuple[float, float] | None:
-        """(a, b), or None until steps of at least three sizes were seen."""
-        if len(self._seconds) < 3:
+        """(a, b), or None unless steps of at least three sizes were seen."""
+        sizes = [n for n in self._seconds if self.fitted_up_to is None or n <= self.fitted_up_to]
+        if len(sizes) < 3:
             return None
-        b, a = np.polyfit(np.fromiter(self._seconds.keys(), np.float64), np.fromiter(self._seconds.values(), np.float64), 1)
+        b, a = np.polyfit(np.array(sizes, np.float64), np.array([self._seconds[n] for n in sizes], np.float64), 1)
         return max(a, 1e-6), max(b, 1e-9)
 
     def timed(self, num_tokens: int) -> float | None:
@@ -144,17 +162,16 @@ class StepCost:
 
 @dataclass
 class _Acceptance:
-    """Decayed counts of accepted and tried proposals: accepting each next proposal is taken as a
-    coin with these odds. A sequence's own counts start from the engine's (`prior`), so a new
-    request that copies its context is trusted as far as earlier ones earned, not from even odds:
-    at even odds a verifying step rarely beats the overlapped plain one, and the sequence would
-    never get the proposals that could show its own rate."""
+    """Decayed counts of a sequence's accepted and tried proposals (verified, or shadows scored
+    as if they were): accepting each next proposal is taken as a coin with these odds, from two
+    tries' worth of PRIOR at first. Its own outcomes only: a prior from every sequence's outcomes,
+    as before, made a request's steps, and so its text, hang on the requests before it."""
 
     accepted: float = 0.0
     tried: float = 0.0
 
-    def rate(self, prior: float = 0.5) -> float:
-        return min((self.accepted + 2 * prior) / (self.tried + 2), 0.95)  # two tries' worth of prior
+    def rate(self) -> float:
+        return min((self.accepted + 2 * PRIOR) / (self.tried + 2), 0.95)
 
     def update(self, num_drafts: int, num_accepted: int, decay: float = 0.8) -> None:
         self.accepted = decay * self.accepted + num_accepted
@@ -182,22 +199,20 @@ class Speculator:
     Proposals are added, most likely first, while they raise the expected tokens per second of
     the step: a proposal whose chance of being accepted is g (its sequence's rate to the power
     of its position) is worth it while g / c > E / T, where c = b + p is its cost (b: one more
-    token in the verifying step, fitted as T = a + b * tokens over recent steps; p: the
-    proposer's measured seconds per proposed token, about nothing for prompt lookup, a draft
-    model's step for a draft model) and E the tokens the step is expected to yield; and the step
-    as a whole is taken only if E / T beats the plain step's tokens per second, overlapped (what
-    its host work hidden behind the step before saves). A big batch, a slow proposer or proposals
-    that keep failing all turn speculation off by themselves.
+    token in the verifying step, fitted as T = a + b * tokens to steps measured before the first
+    request, `StepCost`; p: the proposer's seconds per proposed token, measured then too, about
+    nothing for prompt lookup, a draft model's step for a draft model) and E the tokens the step
+    is expected to yield; and the step as a whole is taken only if E / T beats the plain step's
+    tokens per second, overlapped (what its host work hidden behind the step before saves). A big
+    batch, a slow proposer or proposals that keep failing all turn speculation off by themselves.
+    Nothing in it reads the clock once the costs are measured, or another request's outcomes:
+    the same request on the same server takes the same steps.
 
     A sequence's odds are learnt without verifying too: where prompt lookup finds a proposal
     that the budget turns down, it is kept (`_Shadow`) and checked against the tokens that
     follow. So on the one-token clone the plain step is priced as timed, with no margin left for
     new sequences to explore in, and a request that starts copying after a stretch of open chat
     still gets its proposals (lab notes, Zen 5, a ninth time)."""
-
-    # Until the fit has steps of three sizes, proposals are capped in turn at k, 0 and k/2, so
-    # that even a batch whose every step would verify k tokens gets figures to fit.
-    _EXPLORE = (1.0, 0.0, 0.5)
 
     def __init__(self, config: SpeculativeConfig, proposer: Proposer | None = None,
                  fast_step_tokens: int | None = None, proposal_cap: int | None = None) -> None:
@@ -211,15 +226,33 @@ class Speculator:
         self.proposal_cap = proposal_cap
         self.proposer = proposer or NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
         self.stats = SpecStats(accepted_per_position=[0] * config.num_speculative_tokens)
-        self.cost = StepCost(timed_up_to=0 if proposal_cap is not None else fast_step_tokens or 0)
+        self.cost = StepCost(0 if proposal_cap is not None else fast_step_tokens or 0, proposal_cap)
         # Shadows cost a lookup, not a draft model's call: prompt lookup only.
         self._shadows: weakref.WeakKeyDictionary[Sequence, _Shadow] | None = \
             weakref.WeakKeyDictionary() if isinstance(self.proposer, NgramProposer) else None
         self.propose_seconds = 0.0  # of the last call: the engine leaves it out of the step's cost
-        self._per_proposal = 0.0  # proposer seconds per proposed token, decayed average
-        self._explored = 0
+        self._per_proposal: float | None = None  # proposer seconds per proposed token, the least measured
         self._acceptance: weakref.WeakKeyDictionary[Sequence, _Acceptance] = weakref.WeakKeyDictionary()
-        self._engine_acceptance = _Acceptance()  # every sequence's outcomes: the prior of a new one
+        self._plan: deque[int] = deque()  # while calibrating: proposals per step to come, or AHEAD
+
+    def calibrate(self, plan: Iterable[int]) -> None:
+        """The steps to come take proposals as `plan` says, one entry a step of decoding
+        sequences: k proposals each (the proposer's, padded where it finds fewer), or AHEAD, a
+        plain step planned ahead; the costs observed meanwhile are what the budget prices by."""
+        self._plan = deque(plan)
+
+    @property
+    def calibrating(self) -> bool:
+        return bool(self._plan)
+
+    def freeze(self) -> None:
+        """Calibration over: the costs stay as measured, the counters start from nothing, and a
+        draft model lets go of the calibration's sequence (now finished)."""
+        self._plan.clear()
+        self.cost.freeze()
+        self.stats = SpecStats(accepted_per_position=[0] * self.config.num_speculative_tokens)
+        if (drop_finished := getattr(self.proposer, "drop_finished", None)) is not None:
+            drop_finished()
 
     def plan_ahead(self, seqs: list[Sequence], room: list[int]) -> bool:
         """Whether the step after the one computing may be planned now, before its tokens are
@@ -227,6 +260,11 @@ class Speculator:
         for its tokens (to propose) only where some sequence is likely to get a proposal worth
         verifying. Open chat then costs one lookup per sequence and step, not the overlap."""
         if not seqs or len(seqs) > self.config.disable_by_batch_size:
+            return True
+        if self._plan:  # calibrating
+            if self._plan[0] != AHEAD:
+                return False
+            self._plan.popleft()
             return True
         self._settle_shadows(seqs)
         self._cast_shadows(seqs)
@@ -236,7 +274,7 @@ class Speculator:
             return True
         fit = self.cost.fit()
         if fit is None:
-            return False  # still measuring what a proposal costs
+            return True  # not measured: no proposals
         ks = self._budget(fit, [k for _, k in likely], [self._rate(seq) for seq, _ in likely])
         return not any(ks)
 
@@ -249,38 +287,39 @@ class Speculator:
         if not seqs or len(seqs) > self.config.disable_by_batch_size:
             return
         self._settle_shadows(seqs)
-        ks = self.budget([min(self.config.num_speculative_tokens, r - 1) for r in room],
-                         [self._rate(seq) for seq in seqs])
+        calibrating = bool(self._plan)
+        if calibrating:  # as many as the plan says, where there is room
+            planned = max(self._plan.popleft(), 0)
+            ks = [max(min(planned, r - 1), 0) for r in room]
+        else:
+            ks = self.budget([min(self.config.num_speculative_tokens, r - 1) for r in room],
+                             [self._rate(seq) for seq in seqs])
         chosen = [(seq, k) for seq, k in zip(seqs, ks) if k > 0]
         self._cast_shadows([seq for seq, k in zip(seqs, ks) if k == 0])  # the chosen get a lookup below
         if not chosen:
-            # A draft model's first call also computes the whole prompt, which can price it out
-            # for good: its cost figure fades while it is idle, so it gets tried again.
-            self._per_proposal *= 0.99
             return
         start = time.perf_counter()
         proposals = self.proposer.propose([s for s, _ in chosen], [k for _, k in chosen])
         self.propose_seconds = time.perf_counter() - start
-        for (seq, _), drafts in zip(chosen, proposals):
+        for (seq, k), drafts in zip(chosen, proposals):
+            if calibrating:  # a step of the planned size, whatever the proposer found
+                drafts = drafts + seq.token_ids(seq.num_known_tokens - 1, seq.num_known_tokens) * (k - len(drafts))
             seq.draft_token_ids = drafts
             if self._shadows is not None and drafts:
                 self._shadows.pop(seq, None)  # the verifying step tells
-        if made := sum(map(len, proposals)):
-            self._per_proposal = 0.8 * self._per_proposal + 0.2 * self.propose_seconds / made
+        if (made := sum(map(len, proposals))) and calibrating:
+            per = self.propose_seconds / made
+            self._per_proposal = per if self._per_proposal is None else min(self._per_proposal, per)
 
     def budget(self, limits: list[int], rates: list[float]) -> list[int]:
         """Proposals per sequence (at most limits[i]) given each one's acceptance rate."""
         fit = self.cost.fit()
-        if fit is None:
-            share = self._EXPLORE[self._explored % len(self._EXPLORE)]
-            self._explored += 1
-            return [max(round(k * share), 0) for k in limits]
-        return self._budget(fit, limits, rates)
+        return [0] * len(limits) if fit is None else self._budget(fit, limits, rates)
 
     def _budget(self, fit: tuple[float, float], limits: list[int], rates: list[float]) -> list[int]:
         a, b = fit
         ks = [0] * len(limits)
-        cost = b + self._per_proposal
+        cost = b + (self._per_proposal or 0.0)
         expected, seconds = float(len(limits)), a + b * len(limits)
         # Tokens/s without speculating. From the line, where the step's cost bends (the decode
         # model: a one-token step 7-14% under the line); without shadows that margin was what let
@@ -327,7 +366,7 @@ class Speculator:
                 self._shadows[seq] = _Shadow(drafts, seq.num_known_tokens)
 
     def _rate(self, seq: Sequence) -> float:
-        return self._acceptance.setdefault(seq, _Acceptance()).rate(self._engine_acceptance.rate())
+        return self._acceptance.setdefault(seq, _Acceptance()).rate()
 
     def record(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
         """The outcome of verifying num_drafts proposals of seq."""
@@ -335,10 +374,9 @@ class Speculator:
         s.num_drafts += 1
         s.num_draft_tokens += num_drafts
         s.num_accepted_tokens += num_accepted
-        for i in range(num_accepted):
+        for i in range(min(num_accepted, len(s.accepted_per_position))):  # calibration's run past k (dropped)
             s.accepted_per_position[i] += 1
         self._learn(seq, num_drafts, num_accepted)
 
     def _learn(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
         self._acceptance.setdefault(seq, _Acceptance()).update(num_drafts, num_accepted)
-        self._engine_acceptance.update(num_drafts, num_accepted, decay=0.95)
