@@ -4,6 +4,7 @@ unseeded sampling the same distribution; stop strings and max_tokens that land i
 run, preemption and aborts mid-speculation; every KV block back at the end."""
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from dataclasses import replace
@@ -40,10 +41,11 @@ def _llm(config: EngineConfig) -> LLM:
     return llm
 
 
-def _tiny_engine(path: str, num_blocks: int, spec: SpeculativeConfig | None = NGRAM, budget: int = 64) -> LLMEngine:
+def _tiny_engine(path: str, num_blocks: int, spec: SpeculativeConfig | None = NGRAM, budget: int = 64,
+                 log=lambda m: None) -> LLMEngine:
     cfg = EngineConfig(model=path, compile=F32, num_kv_blocks=num_blocks, speculative=spec,
                        scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=budget))
-    return eager(LLMEngine(cfg, log=lambda m: None))
+    return eager(LLMEngine(cfg, log=log))
 
 
 def _spent(engine: LLMEngine) -> tuple[int, int]:
@@ -68,6 +70,29 @@ def test_only_decoding_steps_price_proposals(tiny):
     sizes = set(engine.speculator.cost._seconds)
     assert len(sizes) >= 3 and max(sizes) <= 8 * (1 + NGRAM.num_speculative_tokens), sizes
     assert max(PROMPT_LENS) > 8 * (1 + NGRAM.num_speculative_tokens)  # so a prompt step would show
+
+
+def test_every_start_prices_proposals_by_the_step_costs_kept_for_the_machine(tiny, tmp_path, monkeypatch):
+    """The first engine measures its step costs before any request and keeps them; a later start
+    measures too but prices by the kept ones, so the same request takes the same steps on every
+    start; kept figures a later start beats clearly (taken under load) give way to its own."""
+    monkeypatch.setenv("VINOSERVE_CACHE", str(tmp_path))
+
+    def start() -> tuple[LLMEngine, list[str]]:
+        logged: list[str] = []
+        return _tiny_engine(tiny[1], num_blocks=64, log=logged.append), logged
+
+    first, logged = start()
+    kept = first.speculator.cost.figures()
+    assert first.speculator.cost.frozen and first.stats.num_steps == 0 and first.speculator.stats.num_drafts == 0
+    assert "step costs measured" in logged[-1] and len(kept["seconds"]) >= 3
+    second, logged = start()
+    assert second.speculator.cost.figures() == kept and "as measured on this machine before" in logged[-1]
+    path = next((tmp_path / "step-costs").glob("*.json"))
+    slow = json.loads(path.read_text())
+    path.write_text(json.dumps({**slow, "seconds": {n: 2 * s for n, s in slow["seconds"].items()}}))
+    third, logged = start()
+    assert "step costs measured" in logged[-1] and third.speculator.cost.figures() != kept
 
 
 def test_preemption_and_aborts_mid_speculation(tiny, reference):
@@ -312,7 +337,7 @@ def test_proposals_count_against_the_token_budget_and_never_preempt():
     blocks = BlockManager(num_blocks=4, block_size=32)
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=40), blocks)
     a = decoding(sched, "a")
-    b = Sequence("b", list(range(60)), SamplingParams(max_tokens=5))
+    b = Sequence("b", list(range(36)), SamplingParams(max_tokens=5))  # whole in 40 tokens, not in 35
     sched.add(b)
     plan = sched.schedule()
     assert [(s.num_tokens, s.num_drafts) for s in plan.scheduled] == [(5, 4), (35, 0)]  # 40 in all

@@ -91,7 +91,7 @@ class LLMEngine:
             + (f"; {paged.describe()}" if paged.describe() else "")
             + (f"; defaults for CPU class {this_cpu().value}" if options.device == "CPU" else ""))
         if self.speculator is not None:
-            calibrate(self)
+            calibrate(self, log)
         release_freed_heap()  # the load's temporaries (see memory.py)
 
     @property

@@ -17,9 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Protocol
 
-import numpy as np
-
 from vinoserve.engine.ngram_proposer import NgramProposer
+from vinoserve.engine.step_cost import StepCost
 from vinoserve.scheduler.sequence import Sequence
 
 METHODS = ("ngram", "draft_model")
@@ -106,60 +105,6 @@ class SpecStats:
         return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
 
 
-class StepCost:
-    """Seconds per step as a + b * tokens: what one more token in a step costs on this machine,
-    for this model. Measured before the first request (`engine/calibration.py`: each size a few
-    times, the least taken, as the step's own cost without what else ran), then frozen: priced
-    from live timings, whether a step speculated, and with it the text at reduced precision,
-    moved with the machine's load, and the same request came back different (issue 59).
-
-    The line is fitted to steps run one at a time, as every step that verifies proposals is;
-    steps planned ahead of the one before them (overlapped) are kept apart, and what they save
-    at the same size is the price of speculating at all (`overlap_saving`). Steps of at most
-    `timed_up_to` tokens run on a faster compilation that no proposal fits in (the kernel's
-    one-token clone): a plain step of that size is priced as timed (`timed`). Where proposals
-    keep a step within a faster compilation (`fitted_up_to`, the decode model's 16 tokens), the
-    line is fitted over the sizes it runs."""
-
-    def __init__(self, timed_up_to: int = 0, fitted_up_to: int | None = None) -> None:
-        self.timed_up_to = timed_up_to
-        self.fitted_up_to = fitted_up_to
-        self.frozen = False
-        self._seconds: dict[int, float] = {}
-        self._overlapped: dict[int, float] = {}
-
-    def observe(self, num_tokens: int, seconds: float, overlapped: bool = False) -> None:
-        if self.frozen:
-            return
-        table = self._overlapped if overlapped else self._seconds
-        table[num_tokens] = min(seconds, table.get(num_tokens, seconds))
-
-    def freeze(self) -> None:
-        self.frozen = True
-
-    def fit(self) -> tuple[float, float] | None:
-        """(a, b), or None unless steps of at least three sizes were seen."""
-        sizes = [n for n in self._seconds if self.fitted_up_to is None or n <= self.fitted_up_to]
-        if len(sizes) < 3:
-            return None
-        b, a = np.polyfit(np.array(sizes, np.float64), np.array([self._seconds[n] for n in sizes], np.float64), 1)
-        return max(a, 1e-6), max(b, 1e-9)
-
-    def timed(self, num_tokens: int) -> float | None:
-        """A plain step's seconds as timed (overlapped where it ran so), for the sizes on the
-        faster compilation; None for other sizes, or before one was seen."""
-        if num_tokens > self.timed_up_to:
-            return None
-        return self._overlapped.get(num_tokens, self._seconds.get(num_tokens))
-
-    def overlap_saving(self) -> float:
-        """Seconds an overlapped step saves against one run alone, at the sizes seen both ways."""
-        both = self._seconds.keys() & self._overlapped.keys()
-        if not both:
-            return 0.0
-        return max(0.0, float(np.mean([self._seconds[n] - self._overlapped[n] for n in both])))
-
-
 @dataclass
 class _Acceptance:
     """Decayed counts of a sequence's accepted and tried proposals (verified, or shadows scored
@@ -231,7 +176,6 @@ class Speculator:
         self._shadows: weakref.WeakKeyDictionary[Sequence, _Shadow] | None = \
             weakref.WeakKeyDictionary() if isinstance(self.proposer, NgramProposer) else None
         self.propose_seconds = 0.0  # of the last call: the engine leaves it out of the step's cost
-        self._per_proposal: float | None = None  # proposer seconds per proposed token, the least measured
         self._acceptance: weakref.WeakKeyDictionary[Sequence, _Acceptance] = weakref.WeakKeyDictionary()
         self._plan: deque[int] = deque()  # while calibrating: proposals per step to come, or AHEAD
 
@@ -308,8 +252,7 @@ class Speculator:
             if self._shadows is not None and drafts:
                 self._shadows.pop(seq, None)  # the verifying step tells
         if (made := sum(map(len, proposals))) and calibrating:
-            per = self.propose_seconds / made
-            self._per_proposal = per if self._per_proposal is None else min(self._per_proposal, per)
+            self.cost.observe_proposals(self.propose_seconds / made)
 
     def budget(self, limits: list[int], rates: list[float]) -> list[int]:
         """Proposals per sequence (at most limits[i]) given each one's acceptance rate."""
@@ -319,7 +262,7 @@ class Speculator:
     def _budget(self, fit: tuple[float, float], limits: list[int], rates: list[float]) -> list[int]:
         a, b = fit
         ks = [0] * len(limits)
-        cost = b + (self._per_proposal or 0.0)
+        cost = b + self.cost.per_proposal
         expected, seconds = float(len(limits)), a + b * len(limits)
         # Tokens/s without speculating. From the line, where the step's cost bends (the decode
         # model: a one-token step 7-14% under the line); without shadows that margin was what let
