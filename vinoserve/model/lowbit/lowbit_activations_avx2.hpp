@@ -79,24 +79,5 @@ inline float group_sum(const float* v, size_t group) {
     return reduce_add(lo, hi);
 }
 
-// One row's k values at x, as row r of `a`.
-void quantize_row(const float* x, size_t r, size_t k, size_t group, int planes, int factor, Activations& a) {
-    const size_t groups = k / group;
-    float rest[32];
-    for (size_t g = 0; g < groups; g++) {
-        const float* v = x + g * group;
-        const size_t at = r * groups + g;
-        a.sum[at] = group_sum(v, group);
-        int8_t* q = a.q.get() + r * planes * k + g * group;
-        int32_t s;
-        quantize_group(v, group, q, a.d[at], s, planes == 2 ? rest : nullptr);
-        if (planes == 2) {
-            s = FINE * s + quantize_rest(rest, group, a.d[at], q + k);
-            a.d[at] /= FINE;
-        }
-        a.c[at] = factor * s;
-    }
-}
-
 }  // namespace
 }  // namespace vinoserve

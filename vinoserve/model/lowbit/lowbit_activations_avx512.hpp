@@ -45,25 +45,11 @@ int32_t quantize_rest(const float* rest, size_t group, float d1, int8_t* q) {
     return _mm512_reduce_add_epi32(sum);
 }
 
-// One row's k values at x, as row r of `a`.
-void quantize_row(const float* x, size_t r, size_t k, size_t group, int planes, int factor, Activations& a) {
-    const size_t groups = k / group;
-    float rest[32];
-    for (size_t g = 0; g < groups; g++) {
-        const float* v = x + g * group;
-        const size_t at = r * groups + g;
-        __m512 total = _mm512_setzero_ps();
-        for (size_t i = 0; i < group; i += 16) total = _mm512_add_ps(total, _mm512_loadu_ps(v + i));
-        a.sum[at] = _mm512_reduce_add_ps(total);
-        int8_t* q = a.q.get() + r * planes * k + g * group;
-        int32_t s;
-        quantize_group(v, group, q, a.d[at], s, planes == 2 ? rest : nullptr);
-        if (planes == 2) {
-            s = FINE * s + quantize_rest(rest, group, a.d[at], q + k);
-            a.d[at] /= FINE;
-        }
-        a.c[at] = factor * s;
-    }
+// The group's inputs summed as they are (16 lanes from zero, then reduced).
+inline float group_sum(const float* v, size_t group) {
+    __m512 total = _mm512_setzero_ps();
+    for (size_t i = 0; i < group; i += 16) total = _mm512_add_ps(total, _mm512_loadu_ps(v + i));
+    return _mm512_reduce_add_ps(total);
 }
 
 }  // namespace

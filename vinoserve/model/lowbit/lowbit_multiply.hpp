@@ -1,6 +1,7 @@
-// What every instruction set's path runs its kernels in: rows of x quantized (the path's
-// quantize_row), the path's kernel for the weights' bits and group (its run_tile), and every tile
-// against the rows over the threads. Included after the path's header.
+// What every instruction set's path runs its kernels in: rows of x quantized (with the path's
+// group_sum, quantize_group and quantize_rest), the path's kernel for the weights' bits and group
+// (its run_tile), and every tile against the rows over the threads. Included after the path's
+// header.
 #pragma once
 
 #include <algorithm>
@@ -13,6 +14,25 @@
 
 namespace vinoserve {
 namespace {
+
+// One row's k values at x, as row r of `a` (the path's group_sum, quantize_group, quantize_rest).
+void quantize_row(const float* x, size_t r, size_t k, size_t group, int planes, int factor, Activations& a) {
+    const size_t groups = k / group;
+    float rest[32];
+    for (size_t g = 0; g < groups; g++) {
+        const float* v = x + g * group;
+        const size_t at = r * groups + g;
+        a.sum[at] = group_sum(v, group);
+        int8_t* q = a.q.get() + r * planes * k + g * group;
+        int32_t s;
+        quantize_group(v, group, q, a.d[at], s, planes == 2 ? rest : nullptr);
+        if (planes == 2) {
+            s = FINE * s + quantize_rest(rest, group, a.d[at], q + k);
+            a.d[at] /= FINE;
+        }
+        a.c[at] = factor * s;
+    }
+}
 
 // Each row of x as `planes` int8 rows per group: the first its values', a second (planes 2) what
 // the first's rounding left, at a scale 256 times finer (x = d1 q1 + d1 / 256 q2 to ~2^-16 of the
