@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 from gguf_fixtures import FAMILIES, family_gguf, tiny_hf_model, write_gguf
 from hf_reference import hf_greedy
 from test_engine import _run_staggered
+from test_speculative import eager
 from vinoserve.cache.eviction import CacheEvictionConfig
 from vinoserve.cache.kv_cache import KVCache
 from vinoserve.engine.llm import LLM
@@ -89,7 +90,7 @@ def test_preemption_and_speculation_keep_tokens_with_windows(families, name):
     # hold one layer, phi3's all six.
     spec = SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_max=3, prompt_lookup_min=1,
                              disable_by_batch_size=1024)
-    engine = _engine(path, num_blocks=36 if name == "gemma3" else 6, speculative=spec)
+    engine = eager(_engine(path, num_blocks=36 if name == "gemma3" else 6, speculative=spec))
     assert _run(engine, prompts) == reference
     # Random weights rarely repeat themselves, so proposals are mostly rejected: verified either way.
     assert engine.scheduler.num_preemptions > 0 and engine.speculator.stats.num_draft_tokens > 0
