@@ -26,6 +26,7 @@ from vinoserve.engine.warm_up import warm_up
 from vinoserve.memory import release_freed_heap
 from vinoserve.model.cpu_class import this_cpu
 from vinoserve.model.loader import LoadedModel, load_model
+from vinoserve.model.mapped_pages import drop_mapped_pages
 from vinoserve.scheduler.grammar import GrammarCompiler
 from vinoserve.scheduler.sampler import Sampler, SamplingState
 from vinoserve.scheduler.sampling_params import SamplingParams
@@ -71,7 +72,7 @@ class LLMEngine:
         self._overlap = config.overlap_steps and not evicting
         self.runner = ModelRunner(paged, self.cache, num_requests=2 if self._overlap else 1,
                                   table_of=self.groups.table_of if self.groups.hybrid else None)
-        warm_up(self.runner, num_blocks, paged.block_size, self.model.path / "openvino_model.bin")
+        warm_up(self.runner, num_blocks, paged.block_size)
         self.sampler = Sampler()
         self.eos_token_ids = tuple(dict.fromkeys([*self.model.config.eos_token_ids, *self.tokenizer.eos_token_ids]))
         spec = config.speculative
@@ -92,6 +93,7 @@ class LLMEngine:
             + (f"; defaults for CPU class {this_cpu().value}" if options.device == "CPU" else ""))
         if self.speculator is not None:
             calibrate(self, log)
+        drop_mapped_pages(self.model.path / "openvino_model.bin")  # the plugin packed its own copy by now
         release_freed_heap()  # the load's temporaries (see memory.py)
 
     @property
