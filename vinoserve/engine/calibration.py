@@ -20,7 +20,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import openvino as ov
 
@@ -31,13 +31,33 @@ from vinoserve.model.storage import cache_root
 from vinoserve.scheduler.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from vinoserve.engine.llm_engine import LLMEngine
+    from vinoserve.cache.block_manager import BlockManager
+    from vinoserve.engine.model_runner import ModelRunner
+    from vinoserve.engine.speculative import Speculator
+    from vinoserve.model.loader import LoadedModel
 
 REQUEST_ID = "vinoserve-calibration"
 REPEATS = 4  # rounds of every size; the least of each is kept
 VERSION = 2  # of what is measured and how: a change here measures anew
 _PROMPT_TOKENS = 32
 _PERIOD = 8  # the prompt repeats a run of this many tokens, so that prompt lookup finds proposals
+
+
+class Engine(Protocol):
+    """What calibration drives of LLMEngine (a protocol: the engine imports this module)."""
+    speculator: Speculator
+    model: LoadedModel
+    blocks: BlockManager
+    runner: ModelRunner
+    stats: StepStats
+
+    @property
+    def max_context(self) -> int: ...
+    @property
+    def has_unfinished_requests(self) -> bool: ...
+    def add_request(self, request_id: str, prompt: list[int], params: SamplingParams) -> Any: ...
+    def step(self) -> Any: ...
+    def abort_request(self, request_id: str) -> Any: ...
 
 
 def plan(num_speculative_tokens: int, proposal_cap: int | None) -> list[int]:
@@ -50,7 +70,7 @@ def plan(num_speculative_tokens: int, proposal_cap: int | None) -> list[int]:
     return [0, AHEAD, *sizes] * REPEATS
 
 
-def calibrate(engine: LLMEngine, log=print) -> None:
+def calibrate(engine: Engine, log=print) -> None:
     """Measures the step costs of `engine` before any request (its counters are left as if
     nothing had run), then prices by the figures kept for this machine and model: these, where
     they are the first or clearly faster (the kept ones were taken while something else ran),
@@ -78,7 +98,7 @@ def _clearly_faster(measured: dict, kept: dict) -> bool:
     return sum(measured["seconds"][n] for n in sizes) < 0.8 * sum(kept["seconds"][str(n)] for n in sizes)
 
 
-def _measure(engine: LLMEngine) -> None:
+def _measure(engine: Engine) -> None:
     spec = engine.speculator
     steps = plan(spec.config.num_speculative_tokens, spec.proposal_cap)
     vocab = engine.model.config.vocab_size
@@ -100,7 +120,7 @@ def _measure(engine: LLMEngine) -> None:
         prefix.num_queried_tokens = prefix.num_hit_tokens = 0
 
 
-def _figures_path(engine: LLMEngine) -> Path:
+def _figures_path(engine: Engine) -> Path:
     """Where this model's figures on this machine are kept: its files, its compilation, the
     proposer, the CPU (class, model, cores this process may use) and OpenVINO."""
     weights = engine.model.path / "openvino_model.bin"
