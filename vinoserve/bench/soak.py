@@ -53,8 +53,9 @@ def run_soak(base_url: str, model: str, config: SoakConfig, pid: int | None = No
 
             async def sample(t: float) -> None:
                 m = await scrape(client)
-                rss = memory_mib(pid).get("VmRSS") if pid else None
-                samples.append({"t_s": round(t, 1), "done": soak.tally.done, "rss_mb": rss,
+                mem = memory_mib(pid, ("VmRSS", "RssAnon")) if pid else {}
+                samples.append({"t_s": round(t, 1), "done": soak.tally.done, "rss_mb": mem.get("VmRSS"),
+                                "rss_anon_mb": mem.get("RssAnon"),
                                 "running": m.get("vllm:num_requests_running"),
                                 "kv_usage": m.get("vllm:kv_cache_usage_perc")})
                 if progress:
@@ -119,19 +120,20 @@ def failures(r: dict) -> list[str]:
     if r["num_log_errors"]:
         out.append(f"{r['num_log_errors']} error lines in the server log, e.g. {r['log_errors'][0]}")
     if r["rss_growth"] is not None and r["rss_growth"] > r["config"]["max_rss_growth"]:
-        out.append(f"resident memory grew {100 * r['rss_growth']:.1f}% from the end of the first tenth of the "
-                   f"requests to the last tenth")
+        out.append(f"anonymous resident memory grew {100 * r['rss_growth']:.1f}% from the end of the first tenth "
+                   f"of the requests to the last tenth")
     if r["requests_done"] < r["config"]["num_requests"]:
         out.append(f"only {r['requests_done']} of {r['config']['num_requests']} requests ran within the time limit")
     return out
 
 
 def rss_growth(rss: list[dict], num_requests: int) -> float | None:
-    """Resident memory's growth from the end of the first tenth of the requests to the last
+    """Anonymous resident memory's growth (what the server allocated: mapped files' pages come and
+    go with the host's page cache) from the end of the first tenth of the requests to the last
     tenth's peak: a per-request leak grows it, while the KV cache's first touches (the allocator
     walks every block once; docs/reliability.md) are done early in a run of thousands."""
-    first = [s["rss_mb"] for s in rss if s["done"] <= num_requests / 10]
-    last = [s["rss_mb"] for s in rss if s["done"] >= num_requests * 0.9]
+    first = [s["rss_anon_mb"] for s in rss if s["done"] <= num_requests / 10]
+    last = [s["rss_anon_mb"] for s in rss if s["done"] >= num_requests * 0.9]
     return max(last) / first[-1] - 1 if first and last else None
 
 
@@ -142,12 +144,12 @@ def report(r: dict) -> str:
              f"({r['undelivered_per_disconnect']:.2f} per disconnect)",
              f"after: {r['still_running']:.0f} running/waiting, KV usage {100 * r['kv_usage_after']:.1f}%"]
     if r["rss_growth"] is not None:
-        lines.append(f"RSS growth, first tenth's end to last tenth's peak: {100 * r['rss_growth']:+.1f}%")
+        lines.append(f"anonymous RSS growth, first tenth's end to last tenth's peak: {100 * r['rss_growth']:+.1f}%")
     rss = r["rss_mb"]
     if rss:
         picks = rss[:: max(1, len(rss) // 10)] + [rss[-1]]
-        lines.append("RSS (MB) over time: " + ", ".join(f"{s['t_s']:.0f}s/{s['done']}req: {s['rss_mb']:.0f}"
-                                                        for s in picks))
+        lines.append("RSS / anonymous (MB) over time: " + ", ".join(
+            f"{s['t_s']:.0f}s/{s['done']}req: {s['rss_mb']:.0f}/{s['rss_anon_mb']:.0f}" for s in picks))
     lines += [f"FAIL: {f}" for f in r["failures"]] or ["PASS"]
     return "\n".join(lines)
 
@@ -168,8 +170,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disconnect-share", type=float, default=d.disconnect_share)
     p.add_argument("--max-tokens", type=int, default=d.max_tokens)
     p.add_argument("--max-rss-growth", type=float, default=d.max_rss_growth,
-                   help="fail when resident memory grows more than this share from the end of the first tenth "
-                        "of the requests to the last tenth (default: 0.05)")
+                   help="fail when anonymous resident memory grows more than this share from the end of the "
+                        "first tenth of the requests to the last tenth (default: 0.05)")
     p.add_argument("--disconnect-max-tokens", type=int, default=d.disconnect_max_tokens)
     p.add_argument("--time-limit", type=float, default=d.time_limit_s, metavar="S")
     p.add_argument("--sample-every", type=float, default=d.sample_every_s, metavar="S")
