@@ -162,6 +162,10 @@ def main() -> None:
 
         llama = LlamaCpp(args.model or DEFAULT_MODEL.name)
     print(f"speculative config: {json.dumps(spec.__dict__)}")
+    cost = engines["spec"].speculator.cost
+    if (fit := cost.fit()) is not None:  # measured at its start, or kept from an earlier one (engine/calibration.py)
+        print(f"step costs: {fit[0] * 1e3:.2f} ms + {fit[1] * 1e3:.3f} ms a token, "
+              f"an overlapped plain step {cost.overlap_saving() * 1e3:.2f} ms less")
     for workload in args.workload.split(","):
         params = SamplingParams(max_tokens=args.out, temperature=0, ignore_eos=workload == "random")
         for streams in (int(s) for s in args.streams.split(",")):
