@@ -157,7 +157,7 @@ class Speculator:
     that the budget turns down, it is kept (`_Shadow`) and checked against the tokens that
     follow. So on the one-token clone the plain step is priced as timed, with no margin left for
     new sequences to explore in, and a request that starts copying after a stretch of open chat
-    still gets its proposals (lab notes, Zen 5, a ninth time)."""
+    still gets its proposals (benchmarks/results/2026-11-28-zen5.md)."""
 
     def __init__(self, config: SpeculativeConfig, proposer: Proposer | None = None,
                  fast_step_tokens: int | None = None, proposal_cap: int | None = None) -> None:
@@ -267,8 +267,9 @@ class Speculator:
         # Tokens/s without speculating. From the line, where the step's cost bends (the decode
         # model: a one-token step 7-14% under the line); without shadows that margin was what let
         # a new sequence, starting from the engine's odds, get the proposals that show its own:
-        # priced as timed, copying fell from 2.03x to 0.92x of plain (lab notes, 2026-11-27). As
-        # timed on the one-token clone, where the line is 1.5x off and shadows learn the odds.
+        # priced as timed, copying fell from 2.03x to 0.92x of plain
+        # (benchmarks/results/2026-11-26-emerald-rapids.md). As timed on the one-token clone,
+        # where the line is 1.5x off and shadows learn the odds.
         plain = expected / max(seconds - self.cost.overlap_saving(), 1e-9)
         if self._shadows is not None and (timed := self.cost.timed(len(limits))) is not None:
             plain = expected / timed
