@@ -165,3 +165,22 @@ def test_random_llama_models_are_written_with_the_real_tokenizer(smollm2_gguf, t
     assert cfg.vocab_size == 49152 and not cfg.tie_word_embeddings
     assert {t.tensor_type.name for t in src.reader.tensors if len(t.shape) == 2} == {"Q4_0"}
     assert random_models.resolve("not-a-random-model") == "not-a-random-model"
+
+
+def test_the_decode_bound_counts_every_tensor_but_an_untied_token_table(smollm2_gguf, tmp_path, monkeypatch):
+    """A one-token step reads every matrix and the output head once, one row of the token table."""
+    import gguf
+
+    from vinoserve.bench import random_models
+    from vinoserve.bench.read_rate import bound_line, decode_step_bytes
+    from vinoserve.model.gguf_file import open_gguf
+
+    monkeypatch.setitem(random_models.SHAPES, "tiny", (64, 2, 4, 2, 96))
+    path = random_models.write(tmp_path / "m.gguf", "tiny", random_models.one_type(gguf.GGMLQuantizationType.Q4_0),
+                               log=lambda m: None)
+    sizes = {t.name: int(t.n_bytes) for t in open_gguf(path).tensors}
+    assert "output.weight" in sizes and sizes["token_embd.weight"] > 0
+    assert decode_step_bytes(path) == sum(sizes.values()) - sizes["token_embd.weight"]
+    assert decode_step_bytes(smollm2_gguf) == sum(int(t.n_bytes) for t in open_gguf(smollm2_gguf).tensors)  # tied
+    line = bound_line(path, 10.0, {"a": 2 * decode_step_bytes(path) / 10.0 / 1e6})
+    assert line.endswith("(2.00x)")

@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from vinoserve.bench import random_models
+from vinoserve.bench.read_rate import bound_line, read_rate_gbs
 from vinoserve.model import default_model
 from vinoserve.model.tokenizer import Tokenizer
 
@@ -342,7 +343,10 @@ def main(args: argparse.Namespace) -> None:
 
     runs = paired_rounds([e for engines in by_model for e in engines], prompt, args.output_len, args.rounds, progress)
     for engines in by_model:
-        print("\n".join(report({e.name: runs[e.name] for e in engines}, reference=engines[0].name)))
-    for engines in by_model:
         for e in engines:
             e.close()
+    rate = read_rate_gbs(args.threads)  # with the engines gone: nothing else reads meanwhile
+    for model, engines in zip(models, by_model):
+        print("\n".join(report({e.name: runs[e.name] for e in engines}, reference=engines[0].name)))
+        print(bound_line(gguf_path(model), rate,
+                         {e.name: 1e3 / statistics.median(t.decode_tok_s for t in runs[e.name]) for e in engines}))
