@@ -1,6 +1,7 @@
 """Write tiny random HF models as GGUF files the way llama.cpp's converter (convert_hf_to_gguf.py)
 does: its tensor names (gguf-py's own name map), Q/K row permutation for llama, Gemma's norm
-+1, Phi-3's fused tensors and LongRoPE factor tensors, and the metadata keys each writes."""
++1, Phi-3's fused tensors and LongRoPE factor tensors, mixtures of experts' merged `_exps`
+tensors with F32 routers, and the metadata keys each writes."""
 from __future__ import annotations
 
 import math
@@ -10,14 +11,18 @@ from pathlib import Path
 import gguf
 import numpy as np
 import torch
-from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config,
-                          Qwen2Config, Qwen3Config)
+from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig, MixtralConfig,
+                          OlmoeConfig, Phi3Config, Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig)
 
 from vinoserve.bench import kquants as kquant_encoder
 
 _CONFIGS = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
-            "gemma3": Gemma3TextConfig, "phi3": Phi3Config}
-_GGUF_ARCH = {"mistral": "llama"}  # Mistral GGUFs are llama
+            "gemma3": Gemma3TextConfig, "phi3": Phi3Config, "qwen3_moe": Qwen3MoeConfig, "mixtral": MixtralConfig,
+            "qwen2_moe": Qwen2MoeConfig, "olmoe": OlmoeConfig}
+# Mistral's and Mixtral's GGUFs are llama; HF's MoE model types are spelled without the underscore
+_GGUF_ARCH = {"mistral": "llama", "mixtral": "llama", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe"}
+_PERMUTED = ("llama", "mistral", "mixtral")  # Q/K rows permuted for llama.cpp's GPT-J-style RoPE
+_ROUTERS = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")  # kept F32 by the converter and llama-quantize
 
 
 def _bytes_to_unicode() -> list[str]:
@@ -83,9 +88,11 @@ def tiny_hf_model(arch: str = "llama", *, seed: int = 0, heads: int = 4, kv_head
 
 
 def quantize(a: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
-    """Raw blocks of `a` in `qtype`: gguf-py's quantizer, or ours for the K-quants."""
+    """Raw blocks of `a` (rows along the last axis, any leading ones) in `qtype`: gguf-py's
+    quantizer, or ours for the K-quants."""
     if qtype in kquant_encoder.ENCODERS:
-        return kquant_encoder.quantize(a, qtype, exact_scales=True)
+        rows = a.reshape(-1, a.shape[-1])
+        return kquant_encoder.quantize(rows, qtype, exact_scales=True).reshape(*a.shape[:-1], -1)
     return gguf.quants.quantize(a, qtype)
 
 
@@ -104,23 +111,19 @@ def write_gguf(model, path: Path, arch: str = "llama", q8_0: tuple[str, ...] = (
     gguf_arch = _GGUF_ARCH.get(arch, arch)
     w = gguf.GGUFWriter(str(path), gguf_arch)
     _common_metadata(w, cfg)
+    _expert_metadata(w, cfg)
     if pooling is not None:
         w.add_pooling_type(pooling)
     _family_metadata(w, cfg, arch)
     _tokenizer(w, vocab)
-    names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == gguf_arch),
-                                     cfg.num_hidden_layers)
-    for name, t in model.state_dict().items():
-        if name == "lm_head.weight" and cfg.tie_word_embeddings:
-            continue
-        out = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        a = _as_stored(t.numpy(), name, arch, cfg)
-        if out in q8_0 or (quant and a.ndim == 2):
+    for out, a in _stored_tensors(model, arch, gguf_arch):
+        if out in q8_0 or (quant and a.ndim >= 2 and out.split(".", 2)[-1] not in _ROUTERS):
             qtype = gguf.GGMLQuantizationType[quant if quant and out not in q8_0 else "Q8_0"]
             w.add_tensor(out, quantize(a, qtype), raw_dtype=qtype)
             continue
-        # llama.cpp keeps 1-D tensors (norms, biases) in f32, matrices in f16.
-        w.add_tensor(out, a.astype(np.float16 if a.ndim == 2 else np.float32))
+        # llama.cpp keeps 1-D tensors (norms, biases) and routers in f32, matrices in f16.
+        w.add_tensor(out, a.astype(np.float16 if a.ndim >= 2 and out.split(".", 2)[-1] not in _ROUTERS
+                                   else np.float32))
     if cfg.rope_parameters.get("rope_type") == "llama3":
         # LlamaModel.generate_extra_tensors: Llama 3 scaling as divisors of the plain inverse frequencies.
         exponents = np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim
@@ -136,10 +139,33 @@ def write_gguf(model, path: Path, arch: str = "llama", q8_0: tuple[str, ...] = (
     return path
 
 
+def _stored_tensors(model, arch: str, gguf_arch: str):
+    """(GGUF name, array as llama.cpp stores it) of each tensor. transformers keeps each layer's
+    experts as one gate_up_proj [E, 2 * I, H] (gate rows first) and one down_proj [E, H, I];
+    the converter writes them as ffn_{gate,up,down}_exps."""
+    cfg = model.config
+    names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == gguf_arch),
+                                     cfg.num_hidden_layers)
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        a = t.numpy()
+        if ".mlp.experts." in name:
+            layer = int(name.split(".layers.")[1].split(".")[0])
+            if name.endswith("gate_up_proj"):
+                gate, up = np.split(a, 2, axis=1)
+                yield f"blk.{layer}.ffn_gate_exps.weight", gate
+                yield f"blk.{layer}.ffn_up_exps.weight", up
+            else:
+                yield f"blk.{layer}.ffn_down_exps.weight", a
+            continue
+        yield names.get_name(name, try_suffixes=(".weight", ".bias")), _as_stored(a, name, arch, cfg)
+
+
 def _as_stored(a: np.ndarray, name: str, arch: str, cfg) -> np.ndarray:
-    if arch in ("llama", "mistral") and "self_attn.q_proj" in name:
+    if arch in _PERMUTED and "self_attn.q_proj" in name:
         return _permute(a, cfg.num_attention_heads)
-    if arch in ("llama", "mistral") and "self_attn.k_proj" in name:
+    if arch in _PERMUTED and "self_attn.k_proj" in name:
         return _permute(a, cfg.num_key_value_heads)
     if arch == "gemma3" and name.endswith("norm.weight"):
         return a + 1.0  # Gemma3Model.norm_shift
@@ -155,6 +181,19 @@ def _common_metadata(w: gguf.GGUFWriter, cfg) -> None:
     w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
+
+
+def _expert_metadata(w: gguf.GGUFWriter, cfg) -> None:
+    """TextModel's and Qwen2MoeModel's keys (no routing keys: llama.cpp fixes those per architecture)."""
+    count = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
+    if not count:
+        return
+    w.add_expert_count(count)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    if getattr(cfg, "moe_intermediate_size", None):
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    if getattr(cfg, "shared_expert_intermediate_size", None):
+        w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
 
 
 def _family_metadata(w: gguf.GGUFWriter, cfg, arch: str) -> None:
@@ -185,7 +224,7 @@ def _family_metadata(w: gguf.GGUFWriter, cfg, arch: str) -> None:
         if rope.get("rope_type") == "linear":
             w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             w.add_rope_scaling_factor(rope["factor"])
-        if arch == "qwen3":
+        if arch in ("qwen3", "qwen3_moe"):
             w.add_key_length(cfg.head_dim)
             w.add_value_length(cfg.head_dim)
 

@@ -7,8 +7,33 @@ engine needs of both, with rope_from_hf and sliding_windows_from_hf below).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import IntEnum
 
 from vinoserve.model.rope import RopeConfig, longrope
+
+
+class Gating(IntEnum):
+    """How router logits become expert weights: llama.cpp's `expert_gating_func` values."""
+
+    SOFTMAX = 1  # softmax over all experts, then the top k
+    SIGMOID = 2  # each expert's own sigmoid, then the top k
+    SOFTMAX_SELECTED = 3  # the top k logits, then a softmax over those (gpt-oss)
+
+
+@dataclass(frozen=True)
+class ExpertRouting:
+    """A mixture-of-experts FFN's router: `used` of `count` experts per token, their weights
+    from `gating`, divided by their sum where `normalize`, times `scale`."""
+
+    count: int
+    used: int
+    gating: Gating = Gating.SOFTMAX
+    normalize: bool = False
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.used <= self.count:
+            raise ValueError(f"{self.used} experts used a token out of {self.count}")
 
 
 @dataclass(frozen=True)
@@ -34,6 +59,7 @@ class ModelConfig:
     sliding_windows: tuple[int, ...] = ()
     local_rope: RopeConfig | None = None  # RoPE of the windowed layers, where theirs differs (Gemma 3)
     attention_scale: float | None = None  # None: 1/sqrt(head_size)
+    experts: ExpertRouting | None = None  # a mixture of experts in every layer's FFN; None: dense
 
     def __post_init__(self) -> None:
         if self.sliding_windows and len(self.sliding_windows) != self.num_layers:
@@ -83,6 +109,9 @@ class ModelConfig:
             d["rope_local_base_freq"] = self.local_rope.theta
         if self.attention_scale is not None:
             d["query_pre_attn_scalar"] = self.attention_scale ** -2
+        if self.experts is not None:
+            d |= {"num_experts": self.experts.count, "num_experts_per_tok": self.experts.used,
+                  "norm_topk_prob": self.experts.normalize}
         return d
 
     @classmethod

@@ -15,6 +15,7 @@ its matmuls. Formats:
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Literal
 
 import gguf
@@ -25,6 +26,7 @@ import openvino.opset13 as ops
 from vinoserve.model import quantized
 from vinoserve.model.constant_store import ConstantStore, in_memory_constant
 from vinoserve.model.gguf_file import GGUFTensor
+from vinoserve.model.moe import ExpertMatrices
 from vinoserve.model.quantized import Blocks
 
 WeightFormat = Literal["auto", "int4", "int8", "f16", "f32"]
@@ -80,20 +82,40 @@ class Weights:
             return self._blocks(quantized.unpack(t.ggml_type, t.data), name)
         return self.matrix(t, name)
 
+    def experts(self, t: GGUFTensor, name: str) -> ExpertMatrices:
+        """A GGUF `*_exps` tensor (ggml {K, N, E}: [E, N, K], every expert's matrix) as one
+        [E, N, K] output in the same layouts as `matrix`, except that `int8` takes Q8_0's
+        symmetric groups of 32 (what the plugin's expert product reads) and a block minimum is
+        handed apart as `offsets` (moe.py adds its product)."""
+        count, rows, cols = t.shape
+        flat = replace(t, data=t.data.reshape(count * rows, -1), shape=(count * rows, cols))
+        if self.fmt == "auto" and t.ggml_type in quantized.LAYOUTS:
+            b = quantized.unpack(t.ggml_type, flat.data)
+        elif self.fmt in ("int4", "int8"):
+            b = _requantize(flat, _T.Q4_0 if self.fmt == "int4" else _T.Q8_0)
+        else:
+            return ExpertMatrices(self._float(t.dequantize(), name))
+        lead = (count, rows)
+        blocks = Blocks(b.element, *(a.reshape(*lead, *a.shape[1:]) for a in (b.q, b.scale)))
+        offsets = None if b.offset is None else \
+            self._constant(b.offset.reshape(*lead, -1).astype(np.float32), name=f"{name}/offset").output(0)
+        return ExpertMatrices(self._blocks(blocks, name, t.shape), offsets)
+
     def _constant(self, data: np.ndarray, element: ov.Type | None = None, name: str | None = None) -> ov.Node:
         if self.store is not None:
             return self.store.constant(data, element, name)
         return in_memory_constant(data, element, name)
 
-    def _blocks(self, b: Blocks, name: str) -> ov.Output:
-        """q -> Convert(scale's type) -> Multiply(scale) [-> Add(offset)] -> Reshape [rows, K] -> Convert(f32).
-        The Add is not the plugin's pattern: block_offsets splits it off at load time."""
+    def _blocks(self, b: Blocks, name: str, shape: tuple[int, ...] | None = None) -> ov.Output:
+        """q -> Convert(scale's type) -> Multiply(scale) [-> Add(offset)] -> Reshape `shape` (by
+        default [rows, K]) -> Convert(f32). The Add is not the plugin's pattern: block_offsets
+        splits it off at load time."""
         q = self._constant(b.q, b.element, name)
         wide = ov.Type.f32 if b.scale.dtype == np.float32 else ov.Type.f16
         x = ops.multiply(ops.convert(q, wide), self._constant(b.scale, name=f"{name}/scale"))
         if b.offset is not None:
             x = ops.add(x, self._constant(b.offset, name=f"{name}/offset"))
-        x = ops.reshape(x, _const(b.shape), special_zero=False)
+        x = ops.reshape(x, _const(shape or b.shape), special_zero=False)
         return ops.convert(x, ov.Type.f32).output(0)
 
     def _float(self, w: np.ndarray, name: str) -> ov.Output:

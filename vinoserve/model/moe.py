@@ -1,0 +1,97 @@
+"""A mixture-of-experts FFN (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): a router picks `used` of
+`count` experts for each token, each picked expert runs its gated FFN on the token, and the
+token's output is their sum weighted by the router (llama.cpp's build_moe_ffn).
+
+The experts' products are OpenVINO's GroupedMatMul (opset 17): the (token, expert) pairs sorted
+by expert, each expert's run of rows multiplied by its own [N, K] slice of one [E, N, K] weight.
+The CPU plugin rewrites it into its GatherMatmul op (ConvertGroupedMatMulToGatherMatmul), which
+reads only the experts some row was routed to, and keeps 4- and 8-bit experts compressed
+(GatherMatmulCompressed) behind weights.py's decompression chain. The tiled form optimum-intel
+exports (the tokens tiled over every expert, batched MatMuls, a [T, E] routing map) is fused only
+by newer plugins: on openvino 2026.4.1 it stayed batched FullyConnected over all experts in f32,
+f16, i8 and i4 with three router shapes tried, and its unfused i4 products were wrong.
+tests/test_moe.py checks the compiled graph holds GatherMatmul.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import openvino as ov
+import openvino.opset13 as ops
+import openvino.opset17 as opset17
+
+from vinoserve.model.blocks import ACTIVATIONS, const
+from vinoserve.model.config import ExpertRouting, Gating
+
+
+@dataclass(frozen=True)
+class ExpertMatrices:
+    """One projection of every expert: `values` f32 [E, N, K]; `offsets` f32 [E, N, K / group]
+    where the file's type stores a minimum per block, kept out of `values` because the plugin's
+    compressed weights take no such term (block_offsets.py says why, for plain matrices)."""
+
+    values: ov.Output
+    offsets: ov.Output | None = None
+
+
+def route(x: ov.Output, router: np.ndarray, routing: ExpertRouting) -> tuple[ov.Output, ov.Output]:
+    """x [T, H], router [E, H] -> each token's experts i32 [T, used] and their weights f32
+    [T, used], highest first. The router stays f32: a rounded logit can swap two experts."""
+    logits = ops.matmul(x, const(router, np.float32), transpose_a=False, transpose_b=True)
+    k = const(routing.used, np.int32)
+    if routing.gating == Gating.SOFTMAX_SELECTED:
+        top = ops.topk(logits, k, -1, "max", "value", "i32")
+        weights = ops.softmax(top.output(0), -1).output(0)
+    else:
+        probs = ops.softmax(logits, -1) if routing.gating == Gating.SOFTMAX else ops.sigmoid(logits)
+        top = ops.topk(probs, k, -1, "max", "value", "i32")
+        weights = top.output(0)
+    if routing.normalize:
+        weights = ops.divide(weights, ops.reduce_sum(weights, const([-1]), keep_dims=True)).output(0)
+    if routing.scale != 1.0:
+        weights = ops.multiply(weights, const(routing.scale, np.float32)).output(0)
+    return top.output(1), weights
+
+
+def expert_ffn(x: ov.Output, router: np.ndarray, routing: ExpertRouting, gate: ExpertMatrices,
+               up: ExpertMatrices, down: ExpertMatrices, activation: str) -> ov.Output:
+    """x [B, L, H] -> sum over each token's experts of weight * down(act(gate(x)) * up(x))."""
+    hidden = x.get_partial_shape()[-1].get_length()
+    flat = ops.reshape(x, const([-1, hidden]), special_zero=False)
+    experts, weights = route(flat, router, routing)
+    order, ends = _by_expert(experts, routing.count)
+    rows = ops.gather(flat, ops.divide(order, const(routing.used, np.int32)), const(0))  # pair -> its token
+    act = ACTIVATIONS[activation](_product(rows, gate, ends))
+    out = _product(ops.multiply(act, _product(rows, up, ends)), down, ends)
+    # row i of `out` is pair order[i]: back to (token, choice) order, then the weighted sum
+    pairs = ops.scatter_update(ops.broadcast(const(0.0, np.float32), ops.shape_of(out)), order, out, const(0))
+    per_token = ops.reshape(pairs, const([-1, routing.used, hidden]), special_zero=False)
+    mixed = ops.reduce_sum(ops.multiply(per_token, ops.unsqueeze(weights, const(-1))), const([1]), keep_dims=False)
+    return ops.reshape(mixed, ops.shape_of(x), special_zero=False).output(0)
+
+
+def _by_expert(experts: ov.Output, count: int) -> tuple[ov.Output, ov.Output]:
+    """Each token's experts [T, used] -> the (token, choice) pairs sorted by expert, as flat
+    indices token * used + choice (i32 [T * used]), and where each expert's run of them ends
+    (GroupedMatMul's offsets, i32 [count]). Within an expert pairs keep their order: the sort key
+    expert * pairs + index is unique, so the order does not depend on TopK's tie-breaking."""
+    flat = ops.reshape(experts, const([-1]), special_zero=False)
+    pairs = ops.squeeze(ops.shape_of(flat, "i32"), const(0))
+    index = ops.range(const(0, np.int32), pairs, const(1, np.int32), "i32")
+    key = ops.add(ops.multiply(flat, pairs), index)
+    order = ops.topk(key, pairs, 0, "min", "value", "i32").output(1)
+    per_expert = ops.reduce_sum(ops.one_hot(flat, const(count, np.int32), const(1, np.int32), const(0, np.int32), -1),
+                                const([0]), keep_dims=False)
+    return order, ops.cumsum(per_expert, const(0, np.int32)).output(0)
+
+
+def _product(rows: ov.Output, m: ExpertMatrices, ends: ov.Output) -> ov.Output:
+    """Each row times its expert's matrix; with offsets, plus the per-group sums of the row times
+    them: x . w = sum_g scale_g (x_g . q_g) + sum_g offset_g sum(x_g), exactly."""
+    y = opset17.grouped_matmul(rows, m.values, ends)
+    if m.offsets is None:
+        return y.output(0)
+    groups = m.offsets.get_partial_shape()[-1].get_length()
+    sums = ops.reduce_sum(ops.reshape(rows, const([0, groups, -1]), special_zero=True), const([-1]), keep_dims=False)
+    return ops.add(y, opset17.grouped_matmul(sums, m.offsets, ends)).output(0)
