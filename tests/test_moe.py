@@ -1,6 +1,7 @@
 """Mixtures of experts (model/moe.py): the router and the expert products against numpy for each
-gating, and the compiled graph's products on the plugin's GatherMatmul with quantized experts
-kept compressed."""
+gating, the compiled graph's products on the plugin's GatherMatmul with quantized experts kept
+compressed, and each MoE family from a GGUF written as llama.cpp writes it, through the engine at
+f32 against HF transformers: greedy tokens equal over staggered prompts with prefix-cache hits."""
 from __future__ import annotations
 
 import gguf
@@ -9,14 +10,28 @@ import openvino as ov
 import openvino.opset13 as ops
 import pytest
 
-from gguf_fixtures import quantize
+from gguf_fixtures import quantize, tiny_hf_model, write_gguf
+from hf_reference import hf_greedy
+from test_architectures import F32, MAX_TOKENS, _engine, _run
+from vinoserve.cache.kv_cache import KVCache
+from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
 from vinoserve.model import moe
 from vinoserve.model.config import ExpertRouting, Gating
 from vinoserve.model.gguf_file import GGUFTensor
+from vinoserve.model.gguf_loader import GGUFModel
+from vinoserve.model.graph import build_model
+from vinoserve.model.paged import compile_paged
 from vinoserve.model.weights import Weights
 
 T = gguf.GGMLQuantizationType
 EXPERTS, USED, HIDDEN, FFN = 8, 3, 256, 256  # K-quants take rows of 256
+
+# Each family tiny, with several experts, top-k > 1 and two layers; what sets each apart.
+MOE_FAMILIES = {
+    "qwen3moe": dict(arch="qwen3_moe", head_dim=32, num_experts=EXPERTS, num_experts_per_tok=USED,
+                     moe_intermediate_size=48, norm_topk_prob=True),
+}
+
 
 def _silu(x: np.ndarray) -> np.ndarray:
     return x / (1 + np.exp(-x))
@@ -109,3 +124,49 @@ def test_expert_products_run_on_gathermatmul_with_experts_kept_compressed(qtype)
     x = rng.standard_normal((1, 7, HIDDEN)).astype(np.float32)
     want = _reference(x[0].astype(np.float64), router.astype(np.float64), routing, *values)
     np.testing.assert_allclose(compiled(x)[0][0], want, rtol=0, atol=5e-5)
+
+
+@pytest.fixture(scope="module")
+def moe_families(tmp_path_factory):
+    """name -> (HF model, GGUF path, prompts, HF's greedy tokens), built once each."""
+    made = {}
+
+    def get(name: str):
+        if name not in made:
+            spec = MOE_FAMILIES[name]
+            hf = tiny_hf_model(spec["arch"], **{k: v for k, v in spec.items() if k != "arch"})
+            path = write_gguf(hf, tmp_path_factory.mktemp(name) / f"{name}.gguf", spec["arch"])
+            rng = np.random.default_rng(3)
+            prompts = [rng.integers(0, hf.config.vocab_size, n).tolist() for n in (5, 70, 100, 130, 45, 90)]
+            prompts[3] = prompts[1] + prompts[3][len(prompts[1]):]
+            prompts[5] = prompts[1][:64] + prompts[5][64:]
+            made[name] = hf, str(path), prompts, [hf_greedy(hf, p, MAX_TOKENS) for p in prompts]
+        return made[name]
+    return get
+
+
+@pytest.mark.parametrize("name", MOE_FAMILIES)
+def test_greedy_equals_hf_over_staggered_prompts(moe_families, name):
+    hf, path, prompts, reference = moe_families(name)
+    engine = _engine(path)
+    assert engine.model.config.architecture == name
+    assert _run(engine, prompts) == reference
+    assert engine.blocks.prefix.num_hit_tokens >= 64, "prompts 3 and 5 should start from prompt 1's blocks"
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_K"])
+def test_quantized_experts_compute_the_files_values(qtype, tmp_path):
+    """A quantized MoE GGUF kept compressed (`auto`) gives the logits of the same file's values
+    as f32 constants, within f32 rounding."""
+    spec = {k: v for k, v in MOE_FAMILIES["qwen3moe"].items() if k != "arch"}
+    hf = tiny_hf_model("qwen3_moe", **{**spec, "hidden": HIDDEN, "head_dim": HIDDEN // 4,
+                                                 "moe_intermediate_size": FFN})
+    src = GGUFModel.open(write_gguf(hf, tmp_path / "q.gguf", "qwen3_moe", quant=qtype))
+    assert src.meta.tensor("blk.0.ffn_up_exps.weight").ggml_type == T[qtype]
+    ids = np.random.default_rng(0).integers(0, hf.config.vocab_size, 40).tolist()
+    logits = []
+    for fmt in ("auto", "f32"):
+        model = compile_paged(build_model(src.config, src.tensor, fmt), F32)
+        runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=4))
+        logits.append(runner.step([ScheduledChunk(ids, 0, [[0, 1]], num_logits=len(ids))]).logits[0].copy())
+    np.testing.assert_allclose(logits[0], logits[1], rtol=0, atol=1e-4 * np.abs(logits[1]).max())

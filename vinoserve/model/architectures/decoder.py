@@ -15,8 +15,8 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
-from vinoserve.model import blocks
-from vinoserve.model.config import ModelConfig
+from vinoserve.model import blocks, moe
+from vinoserve.model.config import ExpertRouting, Gating, ModelConfig
 from vinoserve.model.errors import ModelLoadError
 from vinoserve.model.gguf_file import GGUFMeta, GGUFTensor
 from vinoserve.model.rope import RopeConfig
@@ -27,12 +27,17 @@ WeightSource = Callable[[str], GGUFTensor]
 
 
 class Decoder:
-    """Pre-norm decoder layers (RMSNorm, attention with RoPE, a SiLU-gated FFN), tied or untied
-    LM head; Q/K/V biases where the file has them (Qwen2)."""
+    """Pre-norm decoder layers (RMSNorm, attention with RoPE, a SiLU-gated FFN, or a mixture of
+    such FFNs where the file has `expert_count`: moe.py), tied or untied LM head; Q/K/V biases
+    where the file has them (Qwen2)."""
 
     gguf_architecture: ClassVar[str] = "llama"
     hf_model_type: ClassVar[str] = "llama"
     hf_class: ClassVar[str] = "LlamaForCausalLM"
+    # A mixture of experts' routing where the file gives no key for it: llama.cpp's choice for
+    # the architecture (the flags its src/models/*.cpp pass to build_moe_ffn).
+    expert_gating: ClassVar[Gating] = Gating.SOFTMAX
+    expert_weights_norm: ClassVar[bool] = False
 
     # ---- the file
     @classmethod
@@ -66,7 +71,24 @@ class Decoder:
             attention_bias=meta.has("blk.0.attn_q.bias"),
             bos_token_id=meta.field("tokenizer.ggml.bos_token_id"),
             eos_token_ids=tuple(dict.fromkeys(int(e) for e in eos if e is not None)),
+            experts=cls.expert_routing(meta),
         )
+
+    @classmethod
+    def expert_routing(cls, meta: GGUFMeta) -> ExpertRouting | None:
+        """The router of a mixture of experts (`expert_count` > 0), from the keys llama.cpp reads,
+        the family's choices where the file has none (0, for the gating function and the scale,
+        is unset to llama.cpp's loader as well)."""
+        count = int(meta.key("expert_count", 0) or 0)
+        if not count:
+            return None
+        gating = int(meta.key("expert_gating_func", cls.expert_gating) or cls.expert_gating)
+        if gating not in Gating.__members__.values():
+            raise ModelLoadError(f"{meta.path}: expert_gating_func {gating} is not one vinoserve knows "
+                                 "(1 softmax, 2 sigmoid, 3 softmax over the selected)")
+        return ExpertRouting(count, int(_required(meta, "expert_used_count")), Gating(gating),
+                             bool(meta.key("expert_weights_norm", cls.expert_weights_norm)),
+                             float(meta.key("expert_weights_scale", 0.0) or 1.0))
 
     @classmethod
     def from_file(cls, t: GGUFTensor, cfg: ModelConfig) -> GGUFTensor:
@@ -134,9 +156,18 @@ class Decoder:
         return self.norm(q, f"blk.{i}.attn_q_norm.weight"), self.norm(k, f"blk.{i}.attn_k_norm.weight")
 
     def ffn(self, h: ov.Output, i: int) -> ov.Output:
+        if self.cfg.experts is not None:
+            return self.expert_ffn(h, i)
         p = f"blk.{i}."
         return blocks.gated_ffn(h, self.matrix(p + "ffn_gate.weight"), self.matrix(p + "ffn_up.weight"),
                                 self.matrix(p + "ffn_down.weight"), self.cfg.hidden_act)
+
+    def expert_ffn(self, h: ov.Output, i: int) -> ov.Output:
+        """The routed experts: router `ffn_gate_inp`, experts `ffn_{gate,up,down}_exps`."""
+        p = f"blk.{i}."
+        router = self.weight(p + "ffn_gate_inp.weight").dequantize()
+        return moe.expert_ffn(h, router, self.cfg.experts, *(self.experts(f"{p}ffn_{x}_exps.weight")
+                                                             for x in ("gate", "up", "down")), self.cfg.hidden_act)
 
     # ---- helpers for families
     def norm(self, x: ov.Output, name: str) -> ov.Output:
@@ -144,6 +175,9 @@ class Decoder:
 
     def matrix(self, name: str) -> ov.Output:
         return self.weights.matrix(self.weight(name), name.removesuffix(".weight"))
+
+    def experts(self, name: str) -> moe.ExpertMatrices:
+        return self.weights.experts(self.weight(name), name.removesuffix(".weight"))
 
 
 def _required(meta: GGUFMeta, key: str):
