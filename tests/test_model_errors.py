@@ -51,7 +51,7 @@ def test_unknown_architecture_names_the_supported_ones(arch, cache, tmp_path, ca
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    supported = "supported: llama, qwen2, qwen3, gemma3, phi3, qwen3moe"
+    supported = "supported: llama, qwen2, qwen3, gemma3, phi3, qwen3moe, qwen2moe, olmoe"
     with pytest.raises(ModelLoadError, match=f"unsupported architecture '{arch}'; {supported}"):
         resolve_model_dir(str(path))
     assert main(["prepare", "--model", str(path)]) == 1

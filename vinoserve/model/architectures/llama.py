@@ -1,5 +1,7 @@
-"""Llama (2, 3.x with its RoPE scaling, TinyLlama, SmolLM2) and Mistral, whose GGUFs are `llama`:
-the common decoder. llama.cpp's converter permutes Q/K rows for its GPT-J-style RoPE."""
+"""Llama (2, 3.x with its RoPE scaling, TinyLlama, SmolLM2), Mistral and Mixtral, whose GGUFs are
+`llama`: the common decoder, Mixtral's FFN a mixture of experts (`expert_count`) whose top-k
+weights are renormalised (llama.cpp's src/models/llama.cpp). llama.cpp's converter permutes Q/K
+rows for its GPT-J-style RoPE."""
 from __future__ import annotations
 
 from vinoserve.model.architectures.decoder import Decoder
@@ -8,6 +10,8 @@ from vinoserve.model.gguf_file import GGUFTensor
 
 
 class Llama(Decoder):
+    expert_weights_norm = True
+
     @classmethod
     def from_file(cls, t: GGUFTensor, cfg: ModelConfig) -> GGUFTensor:
         if ".attn_q." in t.name or ".attn_k." in t.name:
