@@ -178,3 +178,34 @@ def test_quantized_experts_compute_the_files_values(qtype, tmp_path):
         runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=4))
         logits.append(runner.step([ScheduledChunk(ids, 0, [[0, 1]], num_logits=len(ids))]).logits[0].copy())
     np.testing.assert_allclose(logits[0], logits[1], rtol=0, atol=1e-4 * np.abs(logits[1]).max())
+
+
+@pytest.mark.parametrize("arch, qk_norm", [("qwen3moe", "head"), ("olmoe", "full")])
+def test_random_moe_models_load_as_their_family_and_run_on_gathermatmul(arch, qk_norm, smollm2_gguf, tmp_path,
+                                                                       monkeypatch):
+    """The bench's real-size random MoE models (here a tiny shape in their place): written as
+    their family, read back with its routing, every expert product on GatherMatmul."""
+    from vinoserve.bench import random_models
+
+    shape = random_models.Shape(arch, 64, 2, 4, 2, 32, 96, 1e6, EXPERTS, 2, qk_norm)
+    monkeypatch.setitem(random_models.MOE_SHAPES, "tiny", shape)
+    assert f"{arch}-tiny-q4_k_m-random" in random_models.names()
+    path = random_models.write(tmp_path / "m.gguf", "tiny", random_models.one_type(T.Q4_0), log=lambda m: None)
+    src = GGUFModel.open(path)
+    assert src.config.architecture == arch and src.config.head_size == 32
+    assert src.config.experts == ExpertRouting(EXPERTS, 2, normalize=arch == "qwen3moe")
+    assert src.meta.tensor("blk.1.ffn_down_exps.weight").shape == (EXPERTS, 64, 96)
+    model = compile_paged(build_model(src.config, src.tensor, "auto"), F32)
+    kinds = [n.get_rt_info()["layerType"].astype(str) for n in model.compiled.get_runtime_model().get_ordered_ops()]
+    assert kinds.count("GatherMatmul") == 3 * 2
+    runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=2))
+    assert np.isfinite(runner.step([ScheduledChunk(list(range(40)), 0, [[0, 1]], num_logits=1)]).logits[0]).all()
+
+
+def test_random_q4_k_m_gives_the_experts_down_projection_more_bits_where_llama_quantize_does():
+    from vinoserve.bench import random_models
+
+    encode, x = random_models.q4_k_m(48), np.zeros((2, 256), np.float32)
+    assert encode("blk.0.ffn_down_exps.weight", x)[1] == T.Q6_K  # the first eighth
+    assert encode("blk.10.ffn_down_exps.weight", x)[1] == T.Q4_K
+    assert encode("blk.10.ffn_gate_exps.weight", x)[1] == T.Q4_K

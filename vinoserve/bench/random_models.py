@@ -1,19 +1,22 @@
-"""Llama-shaped GGUFs with random weights at the sizes users serve, for speed and memory figures.
+"""GGUFs with random weights at the sizes users serve, for speed and memory figures: Llama shapes
+and mixtures of experts (OLMoE-1B-7B's, Qwen3-30B-A3B's).
 
 The 135M built-in model fits in cache and hides what bytes per weight cost; these do not. Names
-`llama-<shape>-<type>-random` (e.g. `llama-1.5b-q4_0-random`) are accepted as `--model` by
-`vinoserve bench engine` and `vinoserve bench llamacpp`; the file is written once into the cache's
-bench/ directory. Shapes follow public configs; the vocabulary and tokenizer are SmolLM2's (from
-the built-in GGUF), so prompts are real text. Weights ~N(0, 0.02), norms 1: the text is noise,
-the timing is real. Tensors are written one at a time (an 8B file never sits in memory).
+`<arch>-<shape>-<type>-random` (e.g. `llama-1.5b-q4_0-random`, `qwen3moe-30b-a3b-q4_k_m-random`)
+are accepted as `--model` by `vinoserve bench engine` and `vinoserve bench llamacpp`; the file is
+written once into the cache's bench/ directory. Shapes follow public configs; the vocabulary and
+tokenizer are SmolLM2's (from the built-in GGUF), so prompts are real text. Weights ~N(0, 0.02),
+norms 1: the text is noise, the timing is real (a random router spreads tokens over the experts
+about evenly, as trained ones roughly do). Tensors are written one at a time, experts one expert
+at a time (a 30B file never sits in memory).
 
     python -m vinoserve.bench.random_models llama-8b-q4_0-random     # write it, print its path
 """
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -28,16 +31,45 @@ SHAPES = {  # hidden, layers, heads, kv heads, intermediate
     "3b": (3072, 28, 24, 8, 8192),  # Llama-3.2-3B
     "8b": (4096, 32, 32, 8, 14336),  # Llama-3.1-8B
 }
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A model's dimensions; with `experts`, `ffn` is each expert's, `used` of them a token, a
+    router per layer. Q/K norms: none, per head (Qwen3) or over the whole projection (OLMoE)."""
+
+    arch: str  # GGUF general.architecture
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_size: int
+    ffn: int
+    rope_base: float = 500000.0
+    experts: int = 0
+    used: int = 0
+    qk_norm: str = ""  # "", "head" or "full"
+
+
+MOE_SHAPES = {
+    "1b-7b": Shape("olmoe", 2048, 16, 16, 16, 128, 1024, 10000.0, 64, 8, "full"),  # OLMoE-1B-7B-0924
+    "30b-a3b": Shape("qwen3moe", 2048, 48, 32, 4, 128, 768, 1e6, 128, 8, "head"),  # Qwen3-30B-A3B
+}
 # what gguf-py can quantize, and llama.cpp's commonest mix (our K-quant writer, kquants.py)
 TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "f16", "q4_k_m")
-_NAME = re.compile(r"llama-(?P<shape>[\d.]+b)-(?P<type>\w+?)-random")
 
 # (tensor name, float32 values) -> (raw data, ggml type): how each matrix is stored
 Encoder = Callable[[str, np.ndarray], tuple[np.ndarray, gguf.GGMLQuantizationType]]
 
 
 def names() -> list[str]:
-    return [f"llama-{s}-{t}-random" for s in SHAPES for t in TYPES]
+    return list(_catalogue())
+
+
+def _catalogue() -> dict[str, tuple[str, str]]:
+    """name -> (shape, type) of every random model."""
+    arch = {s: "llama" for s in SHAPES} | {s: m.arch for s, m in MOE_SHAPES.items()}
+    return {f"{arch[s]}-{s}-{t}-random": (s, t) for s in arch for t in TYPES}
 
 
 def one_type(qtype: gguf.GGMLQuantizationType) -> Encoder:
@@ -49,21 +81,22 @@ def one_type(qtype: gguf.GGMLQuantizationType) -> Encoder:
 
 def resolve(model: str) -> str:
     """`model` itself, or for a random model's name the path of its GGUF (written if missing)."""
-    m = _NAME.fullmatch(model)
-    if not m or m["shape"] not in SHAPES or m["type"] not in TYPES:
+    found = _catalogue().get(model)
+    if found is None:
         return model
     path = cache_root() / "bench" / f"{model}.gguf"
     if not path.is_file():
-        shape, qtype = m["shape"], m["type"]
-        encode = q4_k_m(SHAPES[shape][1]) if qtype == "q4_k_m" else one_type(gguf.GGMLQuantizationType[qtype.upper()])
+        shape, qtype = found
+        layers = MOE_SHAPES[shape].layers if shape in MOE_SHAPES else SHAPES[shape][1]
+        encode = q4_k_m(layers) if qtype == "q4_k_m" else one_type(gguf.GGMLQuantizationType[qtype.upper()])
         write(path, shape, encode)
     return str(path)
 
 
 def q4_k_m(layers: int) -> Encoder:
     """llama-quantize's Q4_K_M choice (llama_tensor_get_type): Q4_K throughout, Q6_K for the LM
-    head and for attn_v and ffn_down in the first and last eighth of the layers and every third
-    one between them (`use_more_bits`)."""
+    head and for attn_v and ffn_down (the experts' too: it matches the name's start) in the first
+    and last eighth of the layers and every third one between them (`use_more_bits`)."""
     from vinoserve.bench import kquants
 
     T = gguf.GGMLQuantizationType
@@ -75,55 +108,95 @@ def q4_k_m(layers: int) -> Encoder:
         qtype = T.Q4_K
         if name == "output.weight":
             qtype = T.Q6_K
-        elif name.endswith(("attn_v.weight", "ffn_down.weight")) and more_bits(int(name.split(".")[1])):
+        elif name.endswith(("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight")) and \
+                more_bits(int(name.split(".")[1])):
             qtype = T.Q6_K
         return kquants.quantize(x, qtype), qtype
     return encode
 
 
 def write(path: Path, shape: str, encode: Encoder, log=print) -> Path:
-    hidden, layers, heads, kv_heads, inter = SHAPES[shape]
-    head = hidden // heads
+    dims = _shape(shape)
     tokenizer = gguf.GGUFReader(default_model.fetch(default_model.DEFAULT_MODEL, log=lambda m: None))
     path.parent.mkdir(parents=True, exist_ok=True)
     part = path.with_suffix(".part")
-    w = gguf.GGUFWriter(str(part), "llama", use_temp_file=True)  # tensors spill to disk, not memory
+    w = gguf.GGUFWriter(str(part), dims.arch, use_temp_file=True)  # tensors spill to disk, not memory
     _copy_tokenizer(tokenizer, w)
     w.add_name(path.stem)
-    w.add_context_length(8192)
-    w.add_embedding_length(hidden)
-    w.add_block_count(layers)
-    w.add_feed_forward_length(inter)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_rope_dimension_count(head)
-    w.add_rope_freq_base(500000.0)
-    w.add_layer_norm_rms_eps(1e-5)
+    _metadata(w, dims)
     vocab = len(tokenizer.fields["tokenizer.ggml.tokens"].contents())
     rng = np.random.default_rng(0)
 
-    def mat(name: str, rows: int, cols: int) -> None:
-        raw, qtype = encode(name, rng.standard_normal((rows, cols), dtype=np.float32) * 0.02)
+    def add(name: str, raw: np.ndarray, qtype: gguf.GGMLQuantizationType) -> None:
         w.add_tensor(name, raw, raw_dtype=None if qtype in (gguf.GGMLQuantizationType.F16,) else qtype)
 
-    log(f"writing {path.name} ({shape}: {layers} layers, hidden {hidden}) ...")
-    mat("token_embd.weight", vocab, hidden)
-    w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
-    mat("output.weight", vocab, hidden)
-    for i in range(layers):
-        p = f"blk.{i}."
-        w.add_tensor(p + "attn_norm.weight", np.ones(hidden, np.float32))
-        w.add_tensor(p + "ffn_norm.weight", np.ones(hidden, np.float32))
-        for name, rows, cols in [("attn_q", heads * head, hidden), ("attn_k", kv_heads * head, hidden),
-                                 ("attn_v", kv_heads * head, hidden), ("attn_output", hidden, heads * head),
-                                 ("ffn_gate", inter, hidden), ("ffn_up", inter, hidden), ("ffn_down", hidden, inter)]:
-            mat(f"{p}{name}.weight", rows, cols)
+    def mat(name: str, rows: int, cols: int, count: int = 0) -> None:
+        """A matrix, or `count` of them as one [count, rows, cols] tensor (experts), encoded one at a time."""
+        parts = [encode(name, rng.standard_normal((rows, cols), dtype=np.float32) * 0.02) for _ in range(count or 1)]
+        add(name, np.stack([raw for raw, _ in parts]) if count else parts[0][0], parts[0][1])
+
+    log(f"writing {path.name} ({shape}: {dims.layers} layers, hidden {dims.hidden}) ...")
+    mat("token_embd.weight", vocab, dims.hidden)
+    w.add_tensor("output_norm.weight", np.ones(dims.hidden, np.float32))
+    mat("output.weight", vocab, dims.hidden)
+    for i in range(dims.layers):
+        _layer(w, dims, f"blk.{i}.", mat, rng)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     part.rename(path)
     return path
+
+
+def _shape(shape: str) -> Shape:
+    if shape in MOE_SHAPES:
+        return MOE_SHAPES[shape]
+    hidden, layers, heads, kv_heads, ffn = SHAPES[shape]
+    return Shape("llama", hidden, layers, heads, kv_heads, hidden // heads, ffn)
+
+
+def _metadata(w: gguf.GGUFWriter, dims: Shape) -> None:
+    """The keys llama.cpp's converter writes for the shape's architecture."""
+    w.add_context_length(8192)
+    w.add_embedding_length(dims.hidden)
+    w.add_block_count(dims.layers)
+    w.add_feed_forward_length(dims.ffn)
+    w.add_head_count(dims.heads)
+    w.add_head_count_kv(dims.kv_heads)
+    if dims.head_size != dims.hidden // dims.heads:
+        w.add_key_length(dims.head_size)
+        w.add_value_length(dims.head_size)
+    w.add_rope_dimension_count(dims.head_size)
+    w.add_rope_freq_base(dims.rope_base)
+    w.add_layer_norm_rms_eps(1e-5)
+    if dims.experts:
+        w.add_expert_count(dims.experts)
+        w.add_expert_used_count(dims.used)
+        w.add_expert_feed_forward_length(dims.ffn)
+
+
+def _layer(w: gguf.GGUFWriter, dims: Shape, p: str, mat: Callable, rng: np.random.Generator) -> None:
+    q, kv = dims.heads * dims.head_size, dims.kv_heads * dims.head_size
+    w.add_tensor(p + "attn_norm.weight", np.ones(dims.hidden, np.float32))
+    w.add_tensor(p + "ffn_norm.weight", np.ones(dims.hidden, np.float32))
+    for name, rows, cols in [("attn_q", q, dims.hidden), ("attn_k", kv, dims.hidden), ("attn_v", kv, dims.hidden),
+                             ("attn_output", dims.hidden, q)]:
+        mat(f"{p}{name}.weight", rows, cols)
+    if dims.qk_norm:
+        sizes = (dims.head_size, dims.head_size) if dims.qk_norm == "head" else (q, kv)
+        for name, size in zip(("attn_q_norm", "attn_k_norm"), sizes):
+            w.add_tensor(f"{p}{name}.weight", np.ones(size, np.float32))
+    if not dims.experts:
+        for name, rows, cols in [("ffn_gate", dims.ffn, dims.hidden), ("ffn_up", dims.ffn, dims.hidden),
+                                 ("ffn_down", dims.hidden, dims.ffn)]:
+            mat(f"{p}{name}.weight", rows, cols)
+        return
+    # the router stays F32, as llama-quantize leaves it
+    w.add_tensor(p + "ffn_gate_inp.weight", rng.standard_normal((dims.experts, dims.hidden), dtype=np.float32) * 0.02)
+    for name, rows, cols in [("ffn_gate_exps", dims.ffn, dims.hidden), ("ffn_up_exps", dims.ffn, dims.hidden),
+                             ("ffn_down_exps", dims.hidden, dims.ffn)]:
+        mat(f"{p}{name}.weight", rows, cols, count=dims.experts)
 
 
 def _copy_tokenizer(src: gguf.GGUFReader, w: gguf.GGUFWriter) -> None:
