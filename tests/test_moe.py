@@ -1,7 +1,8 @@
 """Mixtures of experts (model/moe.py): the router and the expert products against numpy for each
 gating, the compiled graph's products on the plugin's GatherMatmul with quantized experts kept
 compressed, and each MoE family from a GGUF written as llama.cpp writes it, through the engine at
-f32 against HF transformers: greedy tokens equal over staggered prompts with prefix-cache hits."""
+f32 against HF transformers: greedy tokens equal over staggered prompts with prefix-cache hits,
+speculation and preemption."""
 from __future__ import annotations
 
 import gguf
@@ -162,6 +163,21 @@ def test_greedy_equals_hf_over_staggered_prompts(moe_families, name):
     assert engine.blocks.prefix.num_hit_tokens >= 64, "prompts 3 and 5 should start from prompt 1's blocks"
 
 
+@pytest.mark.parametrize("name", MOE_FAMILIES)
+def test_preemption_and_speculation_keep_the_tokens(moe_families, name):
+    """Steps verifying several proposed tokens per sequence, and sequences preempted and recomputed
+    (8 blocks' memory for six sequences of up to 150 tokens): the same tokens."""
+    from test_speculative import eager
+    from vinoserve.engine.speculative import SpeculativeConfig
+
+    _, path, prompts, reference = moe_families(name)
+    spec = SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_max=3, prompt_lookup_min=1,
+                             disable_by_batch_size=1024)
+    engine = eager(_engine(path, num_blocks=8, speculative=spec))
+    assert _run(engine, prompts) == reference
+    assert engine.scheduler.num_preemptions > 0 and engine.speculator.stats.num_draft_tokens > 0
+
+
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_K"])
 def test_quantized_experts_compute_the_files_values(qtype, tmp_path):
     """A quantized MoE GGUF kept compressed (`auto`) gives the logits of the same file's values
@@ -209,3 +225,33 @@ def test_random_q4_k_m_gives_the_experts_down_projection_more_bits_where_llama_q
     assert encode("blk.0.ffn_down_exps.weight", x)[1] == T.Q6_K  # the first eighth
     assert encode("blk.10.ffn_down_exps.weight", x)[1] == T.Q4_K
     assert encode("blk.10.ffn_gate_exps.weight", x)[1] == T.Q4_K
+
+
+@pytest.mark.parametrize("cpu", ["AMX", "AVX512_BF16", "AVX2"])
+def test_each_cpu_classs_defaults_keep_the_experts_on_gathermatmul(cpu, request, tmp_path, monkeypatch):
+    """What a server compiles by default per CPU class (bf16 with the decode model; one f32
+    compilation with the low-bit kernel and its one-token clone): every compilation runs, its
+    experts on the plugin's GatherMatmul, a prompt's argmax as at f32 and a decode step finite."""
+    from vinoserve.model import cpu_defaults
+    from vinoserve.model.compile_options import CompileOptions
+    from vinoserve.model.cpu_class import CpuClass
+
+    if cpu != "AMX":
+        request.getfixturevalue("kernel")  # skips where the kernel cannot be built
+    spec = {k: v for k, v in MOE_FAMILIES["qwen3moe"].items() if k != "arch"}
+    hf = tiny_hf_model("qwen3_moe", **{**spec, "hidden": HIDDEN, "head_dim": HIDDEN // 4, "moe_intermediate_size": FFN})
+    src = GGUFModel.open(write_gguf(hf, tmp_path / "q.gguf", "qwen3_moe", quant="Q4_0"))
+    ids = np.random.default_rng(0).integers(0, hf.config.vocab_size, 60).tolist()
+    logits = []
+    monkeypatch.setattr(cpu_defaults, "this_cpu", lambda: CpuClass[cpu])
+    for options in (F32, CompileOptions()):
+        model = compile_paged(build_model(src.config, src.tensor, "auto"), options)
+        runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=4))
+        logits.append(runner.step([ScheduledChunk(ids, 0, [[0, 1, 2]], num_logits=len(ids))]).logits[0].copy())
+    assert model.decode is not None  # the decode model, or the one-token clone
+    for compiled in (model.compiled, model.decode):
+        kinds = [n.get_rt_info()["layerType"].astype(str) for n in compiled.get_runtime_model().get_ordered_ops()]
+        assert kinds.count("GatherMatmul") == 3 * src.config.num_layers
+    assert (logits[1].argmax(-1) == logits[0].argmax(-1)).mean() >= 0.9
+    step = runner.step([ScheduledChunk([int(logits[1][-1].argmax())], len(ids), [[0, 1, 2]], num_logits=1)])
+    assert np.isfinite(step.logits[0]).all()
