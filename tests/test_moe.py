@@ -23,6 +23,7 @@ from vinoserve.model.gguf_loader import GGUFModel
 from vinoserve.model.graph import build_model
 from vinoserve.model.paged import compile_paged
 from vinoserve.model.weights import Weights
+from vinoserve.scheduler.sampling_params import SamplingParams
 
 T = gguf.GGMLQuantizationType
 EXPERTS, USED, HIDDEN, FFN = 8, 3, 256, 256  # K-quants take rows of 256
@@ -255,3 +256,28 @@ def test_each_cpu_classs_defaults_keep_the_experts_on_gathermatmul(cpu, request,
     assert (logits[1].argmax(-1) == logits[0].argmax(-1)).mean() >= 0.9
     step = runner.step([ScheduledChunk([int(logits[1][-1].argmax())], len(ids), [[0, 1, 2]], num_logits=1)])
     assert np.isfinite(step.logits[0]).all()
+
+
+@pytest.mark.parametrize("name", ["qwen3moe", "qwen2moe", "olmoe"])
+def test_logits_after_eviction_and_rotation_equal_a_fresh_run_on_the_survivors(name, tmp_path):
+    """Cache eviction re-rotates the kept keys with the family's RoPE (one layer: the survivors'
+    K/V do not depend on what was evicted, so a fresh run on them is the exact reference)."""
+    import torch
+
+    from test_eviction import EVICT
+    from test_eviction import _engine as eviction_engine
+    from test_eviction import _run as run_one
+
+    spec = MOE_FAMILIES[name]
+    hf = tiny_hf_model(spec["arch"], layers=1, **{k: v for k, v in spec.items() if k != "arch"})
+    engine = eviction_engine(str(write_gguf(hf, tmp_path / "one.gguf", spec["arch"])))
+    assert engine.runner.model.options.cache_rotation
+    prompt = np.random.default_rng(3).integers(0, hf.config.vocab_size, 100).tolist()
+    outs = run_one(engine, prompt, SamplingParams(max_tokens=2, temperature=0, logprobs=20, ignore_eos=True))
+    assert engine.evictor.num_evicted_blocks == 1 and engine.evictor.num_rotated_blocks == 2
+    survivors = prompt[:32] + prompt[64:] + [outs[0].new_token_ids[0]]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([survivors])).logits[0, -1].double(), -1).numpy()
+    assert outs[1].new_token_ids[0] == int(ref.argmax())
+    for token, lp in outs[1].new_logprobs[0][1]:
+        assert abs(lp - ref[token]) < 1e-4, (token, lp, ref[token])
