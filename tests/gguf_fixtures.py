@@ -51,6 +51,7 @@ class Vocab:
     eos_id: int
     chat_template: str = "{% for m in messages %}{{ m['content'] }}<|im_end|>{% endfor %}"
     merges: tuple[str, ...] = tuple(MERGES)
+    pre: str = "gpt2"  # tokenizer.ggml.pre; llama.cpp itself loads "default", not "gpt2"
 
 
 TINY_VOCAB = Vocab(TOKENS, [1] * (len(TOKENS) - 2) + [3, 3], EOS_ID)
@@ -231,7 +232,7 @@ def _family_metadata(w: gguf.GGUFWriter, cfg, arch: str) -> None:
 
 def _tokenizer(w: gguf.GGUFWriter, vocab: Vocab) -> None:
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
+    w.add_tokenizer_pre(vocab.pre)
     w.add_token_list(vocab.tokens)
     w.add_token_types(vocab.types)
     w.add_token_merges(list(vocab.merges))

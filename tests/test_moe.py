@@ -37,8 +37,9 @@ MOE_FAMILIES = {
     # Q/K/V biases, a shared expert under its sigmoid gate, top-k weights not renormalised
     "qwen2moe": dict(arch="qwen2_moe", num_experts=EXPERTS, num_experts_per_tok=USED, moe_intermediate_size=48,
                      shared_expert_intermediate_size=40),
-    # norms over the whole Q and K projections, top-k weights not renormalised
-    "olmoe": dict(arch="olmoe", num_experts=EXPERTS, num_experts_per_tok=USED, intermediate=48),
+    # norms over the whole Q and K projections, top-k weights not renormalised; no grouped-query
+    # attention, as in OLMoE-1B-7B (llama.cpp sizes the K norm by the hidden size)
+    "olmoe": dict(arch="olmoe", num_experts=EXPERTS, num_experts_per_tok=USED, intermediate=48, kv_heads=4),
 }
 
 
@@ -177,6 +178,41 @@ def test_preemption_and_speculation_keep_the_tokens(moe_families, name):
     engine = eager(_engine(path, num_blocks=8, speculative=spec))
     assert _run(engine, prompts) == reference
     assert engine.scheduler.num_preemptions > 0 and engine.speculator.stats.num_draft_tokens > 0
+
+
+@pytest.mark.parametrize("name", MOE_FAMILIES)
+def test_llama_cpp_reads_our_moe_ggufs_and_writes_transformers_greedy_text(name, tmp_path):
+    """The fixture writer checked against llama.cpp itself (xllamacpp): it loads each family's file
+    (names, shapes, keys) and, routing as its src/models/*.cpp do, generates transformers' greedy
+    text (end-of-generation tokens masked in both, as its ignore_eos does)."""
+    import dataclasses
+
+    import torch
+
+    xllamacpp = pytest.importorskip("xllamacpp")
+    from gguf_fixtures import BYTE_TOKENS, TINY_VOCAB
+
+    spec = MOE_FAMILIES[name]
+    hf = tiny_hf_model(spec["arch"], **{k: v for k, v in spec.items() if k != "arch"})
+    vocab = dataclasses.replace(TINY_VOCAB, pre="default")
+    params = xllamacpp.CommonParams()
+    params.model.path = str(write_gguf(hf, tmp_path / "m.gguf", spec["arch"], vocab=vocab))
+    params.n_ctx, params.n_parallel = 256, 1
+    params.cpuparams.n_threads = params.cpuparams_batch.n_threads = 1
+    prompt = np.random.default_rng(3).integers(0, hf.config.vocab_size, 30).tolist()
+    reply: dict = {}
+    xllamacpp.Server(params).handle_completions(
+        {"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True, "cache_prompt": False},
+        lambda chunk: reply.update(chunk) or False)
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(12):
+            logits = hf(torch.tensor([ids])).logits[0, -1]
+            logits[len(BYTE_TOKENS) + 2:] = -float("inf")  # <|endoftext|>, <|im_end|>
+            ids.append(int(logits.argmax()))
+    byte = {ch: i for i, ch in enumerate(BYTE_TOKENS)}
+    text = b"".join(bytes(byte[c] for c in vocab.tokens[i]) for i in ids[len(prompt):]).decode("utf-8", "replace")
+    assert reply["choices"][0]["text"] == text
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_K"])
