@@ -110,6 +110,39 @@ def test_each_gating_routes_and_weighs_as_llama_cpp(routing):
     np.testing.assert_allclose(got.reshape(-1, HIDDEN), want, rtol=0, atol=2e-5)
 
 
+class _Meta:
+    """The GGUF keys Decoder.expert_routing reads, without a file."""
+
+    path, architecture = "m.gguf", "olmoe"
+
+    def __init__(self, **keys) -> None:
+        self.keys = keys
+
+    def key(self, name: str, default=None):
+        return self.keys.get(name, default)
+
+
+def test_routing_keys_win_over_the_familys_defaults_and_zero_is_unset():
+    from vinoserve.model.architectures.olmoe import Olmoe
+    from vinoserve.model.architectures.qwen3moe import Qwen3Moe
+    from vinoserve.model.errors import ModelLoadError
+
+    assert Olmoe.expert_routing(_Meta()) is None  # no expert_count: a dense FFN
+    assert Qwen3Moe.expert_routing(_Meta(expert_count=8, expert_used_count=2)) == ExpertRouting(8, 2, normalize=True)
+    assert Olmoe.expert_routing(_Meta(expert_count=8, expert_used_count=2)) == ExpertRouting(8, 2)
+    keys = dict(expert_count=8, expert_used_count=2, expert_gating_func=2, expert_weights_norm=False,
+                expert_weights_scale=2.5)
+    assert Qwen3Moe.expert_routing(_Meta(**keys)) == ExpertRouting(8, 2, Gating.SIGMOID, False, 2.5)
+    zeros = dict(expert_count=8, expert_used_count=2, expert_gating_func=0, expert_weights_scale=0.0)
+    assert Olmoe.expert_routing(_Meta(**zeros)) == ExpertRouting(8, 2)
+    with pytest.raises(ModelLoadError, match="expert_gating_func 7 is not one vinoserve knows"):
+        Olmoe.expert_routing(_Meta(expert_count=8, expert_used_count=2, expert_gating_func=7))
+    with pytest.raises(ModelLoadError, match="expert_used_count is missing"):
+        Olmoe.expert_routing(_Meta(expert_count=8))
+    with pytest.raises(ValueError, match="9 experts used a token out of 8"):
+        Olmoe.expert_routing(_Meta(expert_count=8, expert_used_count=9))
+
+
 # What each file type's experts are kept as in the compiled model (f16 is widened at f32 compute).
 KEPT = {T.F32: "f32", T.F16: "f32", T.Q8_0: "i8", T.Q4_0: "i4", T.Q4_K: "i4"}
 
