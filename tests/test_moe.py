@@ -199,6 +199,33 @@ def test_greedy_equals_hf_over_staggered_prompts(moe_families, name):
 
 
 @pytest.mark.parametrize("name", MOE_FAMILIES)
+def test_logprobs_and_prompt_logprobs_equal_hfs(moe_families, name):
+    """Each generated token's top-5 logprobs, and each prompt token's, within 1e-4 of transformers'
+    log-softmax at f32 over the same sequence."""
+    import torch
+
+    hf, path, prompts, _ = moe_families(name)
+    engine = _engine(path)
+    engine.add_request("r", prompts[2], SamplingParams(max_tokens=8, temperature=0, logprobs=5, prompt_logprobs=5,
+                                                       ignore_eos=True))
+    outs = []
+    while engine.has_unfinished_requests:
+        outs += engine.step()
+    tokens = [t for o in outs for t in o.new_token_ids]
+    generated = [lp for o in outs for lp in (o.new_logprobs or [])]
+    prompt_lps = next(o.prompt_logprobs for o in outs if o.prompt_logprobs)
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompts[2] + tokens])).logits[0].double(), -1).numpy()
+    start = len(prompts[2]) - 1
+    assert len(generated) == len(tokens) == 8 and len(prompt_lps) == len(prompts[2])
+    assert all(len(entry[1]) >= 5 for entry in generated + prompt_lps[1:])  # (logprob, top[, rank])
+    for row, (_, top) in zip(ref[start:], generated):
+        assert max(abs(lp - row[token]) for token, lp in top) < 1e-4
+    for row, entry in zip(ref[:start], prompt_lps[1:]):
+        assert max(abs(lp - row[token]) for token, lp in entry[1]) < 1e-4
+
+
+@pytest.mark.parametrize("name", MOE_FAMILIES)
 def test_preemption_and_speculation_keep_the_tokens(moe_families, name):
     """Steps verifying several proposed tokens per sequence, and sequences preempted and recomputed
     (8 blocks' memory for six sequences of up to 150 tokens): the same tokens."""
