@@ -144,12 +144,14 @@ def test_routing_keys_win_over_the_familys_defaults_and_zero_is_unset():
 
 
 # What each file type's experts are kept as in the compiled model (f16 is widened at f32 compute).
-KEPT = {T.F32: "f32", T.F16: "f32", T.Q8_0: "i8", T.Q4_0: "i4", T.Q4_K: "i4"}
+KEPT = {T.F32: "f32", T.F16: "f32", T.Q8_0: "i8", T.Q4_0: "i4", T.Q4_K: "i4", T.Q4_1: "i4", T.Q5_0: "i8",
+        T.Q5_1: "i8", T.Q5_K: "i8", T.Q6_K: "i8"}
+WITH_MIN = (T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K)  # a minimum per block: a second product each
 
 
 @pytest.mark.parametrize("qtype", list(KEPT), ids=lambda t: t.name)
 def test_expert_products_run_on_gathermatmul_with_experts_kept_compressed(qtype):
-    """Every expert product is one GatherMatmul reading the file's integers (Q4_K's minimum as a
+    """Every expert product is one GatherMatmul reading the file's integers (a block minimum as a
     second, small product of group sums), and the result equals numpy's on the file's values."""
     rng = np.random.default_rng(1)
     tensors, values = _random_experts(rng, qtype)
@@ -159,7 +161,7 @@ def test_expert_products_run_on_gathermatmul_with_experts_kept_compressed(qtype)
     compiled = _compiled(routing, router, [Weights(fmt).experts(t, t.name) for t in tensors])
     runtime = compiled.get_runtime_model().get_ordered_ops()
     gathered = [n for n in runtime if n.get_rt_info()["layerType"].astype(str) == "GatherMatmul"]
-    assert len(gathered) == (6 if qtype == T.Q4_K else 3)
+    assert len(gathered) == (6 if qtype in WITH_MIN else 3)
     kept = {n.input(1).get_source_output().get_node().get_rt_info()["outputPrecisions"].astype(str)
             for n in gathered}
     assert KEPT[qtype] in kept
