@@ -118,13 +118,13 @@ def write_gguf(model, path: Path, arch: str = "llama", q8_0: tuple[str, ...] = (
     _family_metadata(w, cfg, arch)
     _tokenizer(w, vocab)
     for out, a in _stored_tensors(model, arch, gguf_arch):
-        if out in q8_0 or (quant and a.ndim >= 2 and out.split(".", 2)[-1] not in _ROUTERS):
+        matrix = a.ndim >= 2 and out.split(".", 2)[-1] not in _ROUTERS
+        if out in q8_0 or (quant and matrix):
             qtype = gguf.GGMLQuantizationType[quant if quant and out not in q8_0 else "Q8_0"]
             w.add_tensor(out, quantize(a, qtype), raw_dtype=qtype)
             continue
         # llama.cpp keeps 1-D tensors (norms, biases) and routers in f32, matrices in f16.
-        w.add_tensor(out, a.astype(np.float16 if a.ndim >= 2 and out.split(".", 2)[-1] not in _ROUTERS
-                                   else np.float32))
+        w.add_tensor(out, a.astype(np.float16 if matrix else np.float32))
     if cfg.rope_parameters.get("rope_type") == "llama3":
         # LlamaModel.generate_extra_tensors: Llama 3 scaling as divisors of the plain inverse frequencies.
         exponents = np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim

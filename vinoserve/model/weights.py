@@ -85,8 +85,8 @@ class Weights:
     def experts(self, t: GGUFTensor, name: str) -> ExpertMatrices:
         """A GGUF `*_exps` tensor (ggml {K, N, E}: [E, N, K], every expert's matrix) as one
         [E, N, K] output in the same layouts as `matrix`, except that `int8` takes Q8_0's
-        symmetric groups of 32 (what the plugin's expert product reads) and a block minimum is
-        handed apart as `offsets` (moe.py adds its product)."""
+        symmetric groups of 32 (one block layout for every expert chain, and no coarser than
+        per-row u8) and a block minimum is handed apart as `offsets` (moe.py adds its product)."""
         count, rows, cols = t.shape
         flat = replace(t, data=t.data.reshape(count * rows, -1), shape=(count * rows, cols))
         if self.fmt == "auto" and t.ggml_type in quantized.LAYOUTS:
