@@ -1,8 +1,7 @@
-"""Mixtures of experts (model/moe.py): the router and the expert products against numpy for each
-gating, the compiled graph's products on the plugin's GatherMatmul with quantized experts kept
-compressed, and each MoE family from a GGUF written as llama.cpp writes it, through the engine at
-f32 against HF transformers: greedy tokens equal over staggered prompts with prefix-cache hits,
-speculation and preemption."""
+"""The mixture-of-experts block (model/moe.py, Weights.experts): the router and the expert products
+against numpy for each gating and routing key, and the compiled graph's products on the plugin's
+GatherMatmul with experts of every kept type compressed. The families built on it:
+test_moe_families.py."""
 from __future__ import annotations
 
 import gguf
@@ -11,37 +10,14 @@ import openvino as ov
 import openvino.opset13 as ops
 import pytest
 
-from gguf_fixtures import quantize, tiny_hf_model, write_gguf
-from hf_reference import hf_greedy
-from test_architectures import F32, MAX_TOKENS, _engine, _run
-from vinoserve.cache.kv_cache import KVCache
-from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
+from gguf_fixtures import quantize
 from vinoserve.model import moe
 from vinoserve.model.config import ExpertRouting, Gating
 from vinoserve.model.gguf_file import GGUFTensor
-from vinoserve.model.gguf_loader import GGUFModel
-from vinoserve.model.graph import build_model
-from vinoserve.model.paged import compile_paged
 from vinoserve.model.weights import Weights
-from vinoserve.scheduler.sampling_params import SamplingParams
 
 T = gguf.GGMLQuantizationType
 EXPERTS, USED, HIDDEN, FFN = 8, 3, 256, 256  # K-quants take rows of 256
-
-# Each family tiny, with several experts, top-k > 1 and two layers; what sets each apart.
-MOE_FAMILIES = {
-    "qwen3moe": dict(arch="qwen3_moe", head_dim=32, num_experts=EXPERTS, num_experts_per_tok=USED,
-                     moe_intermediate_size=48, norm_topk_prob=True),
-    # a `llama` GGUF with expert_count, Q/K rows permuted, the experts' FFN size feed_forward_length
-    "mixtral": dict(arch="mixtral", num_local_experts=EXPERTS, num_experts_per_tok=2, intermediate=48),
-    # Q/K/V biases, a shared expert under its sigmoid gate, top-k weights not renormalised
-    "qwen2moe": dict(arch="qwen2_moe", num_experts=EXPERTS, num_experts_per_tok=USED, moe_intermediate_size=48,
-                     shared_expert_intermediate_size=40),
-    # norms over the whole Q and K projections, top-k weights not renormalised; no grouped-query
-    # attention, as in OLMoE-1B-7B (llama.cpp sizes the K norm by the hidden size)
-    "olmoe": dict(arch="olmoe", num_experts=EXPERTS, num_experts_per_tok=USED, intermediate=48, kv_heads=4),
-}
-
 
 def _silu(x: np.ndarray) -> np.ndarray:
     return x / (1 + np.exp(-x))
@@ -171,211 +147,20 @@ def test_expert_products_run_on_gathermatmul_with_experts_kept_compressed(qtype)
     np.testing.assert_allclose(compiled(x)[0][0], want, rtol=0, atol=5e-5)
 
 
-@pytest.fixture(scope="module")
-def moe_families(tmp_path_factory):
-    """name -> (HF model, GGUF path, prompts, HF's greedy tokens), built once each."""
-    made = {}
-
-    def get(name: str):
-        if name not in made:
-            spec = MOE_FAMILIES[name]
-            hf = tiny_hf_model(spec["arch"], **{k: v for k, v in spec.items() if k != "arch"})
-            path = write_gguf(hf, tmp_path_factory.mktemp(name) / f"{name}.gguf", spec["arch"])
-            rng = np.random.default_rng(3)
-            prompts = [rng.integers(0, hf.config.vocab_size, n).tolist() for n in (5, 70, 100, 130, 45, 90)]
-            prompts[3] = prompts[1] + prompts[3][len(prompts[1]):]
-            prompts[5] = prompts[1][:64] + prompts[5][64:]
-            made[name] = hf, str(path), prompts, [hf_greedy(hf, p, MAX_TOKENS) for p in prompts]
-        return made[name]
-    return get
-
-
-@pytest.mark.parametrize("name", MOE_FAMILIES)
-def test_greedy_equals_hf_over_staggered_prompts(moe_families, name):
-    """Each family's routing defaults, attention and shared experts, token for token (dropping
-    any one of them was seen to change the tokens)."""
-    hf, path, prompts, reference = moe_families(name)
-    engine = _engine(path)
-    assert _run(engine, prompts) == reference
-    assert engine.blocks.prefix.num_hit_tokens >= 64, "prompts 3 and 5 should start from prompt 1's blocks"
-
-
-@pytest.mark.parametrize("name", MOE_FAMILIES)
-def test_logprobs_and_prompt_logprobs_equal_hfs(moe_families, name):
-    """Each generated token's top-5 logprobs, and each prompt token's, within 1e-4 of transformers'
-    log-softmax at f32 over the same sequence."""
-    import torch
-
-    hf, path, prompts, _ = moe_families(name)
-    engine = _engine(path)
-    engine.add_request("r", prompts[2], SamplingParams(max_tokens=8, temperature=0, logprobs=5, prompt_logprobs=5,
-                                                       ignore_eos=True))
-    outs = []
-    while engine.has_unfinished_requests:
-        outs += engine.step()
-    tokens = [t for o in outs for t in o.new_token_ids]
-    generated = [lp for o in outs for lp in (o.new_logprobs or [])]
-    prompt_lps = next(o.prompt_logprobs for o in outs if o.prompt_logprobs)
-    with torch.no_grad():
-        ref = torch.log_softmax(hf(torch.tensor([prompts[2] + tokens])).logits[0].double(), -1).numpy()
-    start = len(prompts[2]) - 1
-    assert len(generated) == len(tokens) == 8 and len(prompt_lps) == len(prompts[2])
-    assert all(len(entry[1]) >= 5 for entry in generated + prompt_lps[1:])  # (logprob, top[, rank])
-    for row, (_, top) in zip(ref[start:], generated):
-        assert max(abs(lp - row[token]) for token, lp in top) < 1e-4
-    for row, entry in zip(ref[:start], prompt_lps[1:]):
-        assert max(abs(lp - row[token]) for token, lp in entry[1]) < 1e-4
-
-
-@pytest.mark.parametrize("name", MOE_FAMILIES)
-def test_preemption_and_speculation_keep_the_tokens(moe_families, name):
-    """Steps verifying several proposed tokens per sequence, and sequences preempted and recomputed
-    (8 blocks' memory for six sequences of up to 150 tokens): the same tokens."""
-    from test_speculative import eager
-    from vinoserve.engine.speculative import SpeculativeConfig
-
-    _, path, prompts, reference = moe_families(name)
-    spec = SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_max=3, prompt_lookup_min=1,
-                             disable_by_batch_size=1024)
-    engine = eager(_engine(path, num_blocks=8, speculative=spec))
-    assert _run(engine, prompts) == reference
-    assert engine.scheduler.num_preemptions > 0 and engine.speculator.stats.num_draft_tokens > 0
-
-
-@pytest.mark.parametrize("name", MOE_FAMILIES)
-def test_llama_cpp_reads_our_moe_ggufs_and_writes_transformers_greedy_text(name, tmp_path):
-    """The fixture writer checked against llama.cpp itself (xllamacpp): it loads each family's file
-    (names, shapes, keys) and, routing as its src/models/*.cpp do, generates transformers' greedy
-    text (end-of-generation tokens masked in both, as its ignore_eos does)."""
-    import dataclasses
-
-    import torch
-
-    xllamacpp = pytest.importorskip("xllamacpp")
-    from gguf_fixtures import BYTE_TOKENS, TINY_VOCAB
-
-    spec = MOE_FAMILIES[name]
-    hf = tiny_hf_model(spec["arch"], **{k: v for k, v in spec.items() if k != "arch"})
-    vocab = dataclasses.replace(TINY_VOCAB, pre="default")
-    params = xllamacpp.CommonParams()
-    params.model.path = str(write_gguf(hf, tmp_path / "m.gguf", spec["arch"], vocab=vocab))
-    params.n_ctx, params.n_parallel = 256, 1
-    params.cpuparams.n_threads = params.cpuparams_batch.n_threads = 1
-    prompt = np.random.default_rng(3).integers(0, hf.config.vocab_size, 30).tolist()
-    reply: dict = {}
-    xllamacpp.Server(params).handle_completions(
-        {"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True, "cache_prompt": False},
-        lambda chunk: reply.update(chunk) or False)
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(12):
-            logits = hf(torch.tensor([ids])).logits[0, -1]
-            logits[len(BYTE_TOKENS) + 2:] = -float("inf")  # <|endoftext|>, <|im_end|>
-            ids.append(int(logits.argmax()))
-    byte = {ch: i for i, ch in enumerate(BYTE_TOKENS)}
-    text = b"".join(bytes(byte[c] for c in vocab.tokens[i]) for i in ids[len(prompt):]).decode("utf-8", "replace")
-    assert reply["choices"][0]["text"] == text
-
-
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_K"])
-def test_quantized_experts_compute_the_files_values(qtype, tmp_path):
-    """A quantized MoE GGUF kept compressed (`auto`) gives the logits of the same file's values
-    as f32 constants, within f32 rounding."""
-    spec = {k: v for k, v in MOE_FAMILIES["qwen3moe"].items() if k != "arch"}
-    hf = tiny_hf_model("qwen3_moe", **{**spec, "hidden": HIDDEN, "head_dim": HIDDEN // 4,
-                                                 "moe_intermediate_size": FFN})
-    src = GGUFModel.open(write_gguf(hf, tmp_path / "q.gguf", "qwen3_moe", quant=qtype))
-    assert src.meta.tensor("blk.0.ffn_up_exps.weight").ggml_type == T[qtype]
-    ids = np.random.default_rng(0).integers(0, hf.config.vocab_size, 40).tolist()
-    logits = []
-    for fmt in ("auto", "f32"):
-        model = compile_paged(build_model(src.config, src.tensor, fmt), F32)
-        runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=4))
-        logits.append(runner.step([ScheduledChunk(ids, 0, [[0, 1]], num_logits=len(ids))]).logits[0].copy())
-    np.testing.assert_allclose(logits[0], logits[1], rtol=0, atol=1e-4 * np.abs(logits[1]).max())
-
-
-@pytest.mark.parametrize("arch, qk_norm", [("qwen3moe", "head"), ("olmoe", "full")])
-def test_random_moe_models_load_as_their_family_and_run_on_gathermatmul(arch, qk_norm, smollm2_gguf, tmp_path,
-                                                                       monkeypatch):
-    """The bench's real-size random MoE models (here a tiny shape in their place): written as
-    their family, read back with its routing, every expert product on GatherMatmul."""
-    from vinoserve.bench import random_models
-
-    shape = random_models.Shape(arch, 64, 2, 4, 2, 32, 96, 1e6, EXPERTS, 2, qk_norm)
-    monkeypatch.setitem(random_models.MOE_SHAPES, "tiny", shape)
-    assert f"{arch}-tiny-q4_k_m-random" in random_models.names()
-    path = random_models.write(tmp_path / "m.gguf", "tiny", random_models.one_type(T.Q4_0), log=lambda m: None)
-    src = GGUFModel.open(path)
-    assert src.config.architecture == arch and src.config.head_size == 32
-    assert src.config.experts == ExpertRouting(EXPERTS, 2, normalize=arch == "qwen3moe")
-    assert src.meta.tensor("blk.1.ffn_down_exps.weight").shape == (EXPERTS, 64, 96)
-    model = compile_paged(build_model(src.config, src.tensor, "auto"), F32)
-    kinds = [n.get_rt_info()["layerType"].astype(str) for n in model.compiled.get_runtime_model().get_ordered_ops()]
-    assert kinds.count("GatherMatmul") == 3 * 2
-    runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=2))
-    assert np.isfinite(runner.step([ScheduledChunk(list(range(40)), 0, [[0, 1]], num_logits=1)]).logits[0]).all()
-
-
-def test_random_q4_k_m_gives_the_experts_down_projection_more_bits_where_llama_quantize_does():
-    from vinoserve.bench import random_models
-
-    encode, x = random_models.q4_k_m(48), np.zeros((2, 256), np.float32)
-    assert encode("blk.0.ffn_down_exps.weight", x)[1] == T.Q6_K  # the first eighth
-    assert encode("blk.10.ffn_down_exps.weight", x)[1] == T.Q4_K
-    assert encode("blk.10.ffn_gate_exps.weight", x)[1] == T.Q4_K
-
-
-@pytest.mark.parametrize("cpu", ["AMX", "AVX512_BF16", "AVX2"])
-def test_each_cpu_classs_defaults_keep_the_experts_on_gathermatmul(cpu, request, tmp_path, monkeypatch):
-    """What a server compiles by default per CPU class (bf16 with the decode model; one f32
-    compilation with the low-bit kernel and its one-token clone): every compilation runs, its
-    experts on the plugin's GatherMatmul, a prompt's argmax as at f32 and a decode step finite."""
-    from vinoserve.model import cpu_defaults
-    from vinoserve.model.compile_options import CompileOptions
-    from vinoserve.model.cpu_class import CpuClass
-
-    if cpu != "AMX":
-        request.getfixturevalue("kernel")  # skips where the kernel cannot be built
-    spec = {k: v for k, v in MOE_FAMILIES["qwen3moe"].items() if k != "arch"}
-    hf = tiny_hf_model("qwen3_moe", **{**spec, "hidden": HIDDEN, "head_dim": HIDDEN // 4, "moe_intermediate_size": FFN})
-    src = GGUFModel.open(write_gguf(hf, tmp_path / "q.gguf", "qwen3_moe", quant="Q4_0"))
-    ids = np.random.default_rng(0).integers(0, hf.config.vocab_size, 60).tolist()
-    logits = []
-    monkeypatch.setattr(cpu_defaults, "this_cpu", lambda: CpuClass[cpu])
-    for options in (F32, CompileOptions()):
-        model = compile_paged(build_model(src.config, src.tensor, "auto"), options)
-        runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=4))
-        logits.append(runner.step([ScheduledChunk(ids, 0, [[0, 1, 2]], num_logits=len(ids))]).logits[0].copy())
-    assert model.decode is not None  # the decode model, or the one-token clone
-    for compiled in (model.compiled, model.decode):
-        kinds = [n.get_rt_info()["layerType"].astype(str) for n in compiled.get_runtime_model().get_ordered_ops()]
-        assert kinds.count("GatherMatmul") == 3 * src.config.num_layers
-    assert (logits[1].argmax(-1) == logits[0].argmax(-1)).mean() >= 0.9
-    step = runner.step([ScheduledChunk([int(logits[1][-1].argmax())], len(ids), [[0, 1, 2]], num_logits=1)])
-    assert np.isfinite(step.logits[0]).all()
-
-
-@pytest.mark.parametrize("name", ["qwen3moe", "qwen2moe", "olmoe"])
-def test_logits_after_eviction_and_rotation_equal_a_fresh_run_on_the_survivors(name, tmp_path):
-    """Cache eviction re-rotates the kept keys with the family's RoPE (one layer: the survivors'
-    K/V do not depend on what was evicted, so a fresh run on them is the exact reference)."""
-    import torch
-
-    from test_eviction import EVICT
-    from test_eviction import _engine as eviction_engine
-    from test_eviction import _run as run_one
-
-    spec = MOE_FAMILIES[name]
-    hf = tiny_hf_model(spec["arch"], layers=1, **{k: v for k, v in spec.items() if k != "arch"})
-    engine = eviction_engine(str(write_gguf(hf, tmp_path / "one.gguf", spec["arch"])))
-    assert engine.runner.model.options.cache_rotation
-    prompt = np.random.default_rng(3).integers(0, hf.config.vocab_size, 100).tolist()
-    outs = run_one(engine, prompt, SamplingParams(max_tokens=2, temperature=0, logprobs=20, ignore_eos=True))
-    assert engine.evictor.num_evicted_blocks == 1 and engine.evictor.num_rotated_blocks == 2
-    survivors = prompt[:32] + prompt[64:] + [outs[0].new_token_ids[0]]
-    with torch.no_grad():
-        ref = torch.log_softmax(hf(torch.tensor([survivors])).logits[0, -1].double(), -1).numpy()
-    assert outs[1].new_token_ids[0] == int(ref.argmax())
-    for token, lp in outs[1].new_logprobs[0][1]:
-        assert abs(lp - ref[token]) < 1e-4, (token, lp, ref[token])
+@pytest.mark.parametrize("fmt, qtype, kept", [("int4", T.Q4_0, "i4"), ("int8", T.Q8_0, "i8")])
+def test_int4_and_int8_formats_requantize_float_experts(fmt, qtype, kept):
+    """`--weight-format int4` / `int8` on an f16 file: the experts as Q4_0 / Q8_0 blocks of their
+    values, compressed on GatherMatmul, equal to numpy on those blocks' values."""
+    rng = np.random.default_rng(2)
+    tensors, _ = _random_experts(rng, T.F16)
+    requantized = [_experts_tensor(t.name, t.dequantize(), qtype).dequantize().astype(np.float64) for t in tensors]
+    router = (rng.standard_normal((EXPERTS, HIDDEN)) * 0.1).astype(np.float32)
+    routing = ExpertRouting(EXPERTS, USED)
+    compiled = _compiled(routing, router, [Weights(fmt).experts(t, t.name) for t in tensors])
+    gathered = [n for n in compiled.get_runtime_model().get_ordered_ops()
+                if n.get_rt_info()["layerType"].astype(str) == "GatherMatmul"]
+    assert {n.input(1).get_source_output().get_node().get_rt_info()["outputPrecisions"].astype(str)
+            for n in gathered} == {kept}
+    x = rng.standard_normal((1, 7, HIDDEN)).astype(np.float32)
+    want = _reference(x[0].astype(np.float64), router.astype(np.float64), routing, *requantized)
+    np.testing.assert_allclose(compiled(x)[0][0], want, rtol=0, atol=5e-5)

@@ -21,7 +21,7 @@ from vinoserve.model.rope import RopeConfig
 # scaling) over whole heads, one RoPE for every layer: what host and kernel re-rotation reproduce.
 # Others (interleaved pairs, a RoPE per layer kind as in Gemma 3, layers without RoPE as in
 # SmolLM3) may serve, but not evict with rotation. The mixtures of experts are named as a GGUF
-# conversion writes them (tests/test_moe.py); their IR exports' model types are not checked yet.
+# conversion writes them (tests/test_moe_families.py); their IR exports' types are not checked yet.
 ROTATE_HALF_ARCHITECTURES = ("granite", "llama", "mistral", "phi3", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe")
 
 
