@@ -197,7 +197,8 @@ def test_random_q4_k_m_gives_the_experts_down_projection_more_bits_where_llama_q
 def test_each_cpu_classs_defaults_keep_the_experts_on_gathermatmul(cpu, request, tmp_path, monkeypatch):
     """What a server compiles by default per CPU class (bf16 with the decode model; one f32
     compilation with the low-bit kernel and its one-token clone): every compilation runs, its
-    experts on the plugin's GatherMatmul, a prompt's argmax as at f32 and a decode step finite."""
+    experts on the plugin's GatherMatmul (as the startup log says), a prompt's argmax as at f32
+    and a decode step finite."""
     from vinoserve.model import cpu_defaults
     from vinoserve.model.compile_options import CompileOptions
     from vinoserve.model.cpu_class import CpuClass
@@ -215,6 +216,7 @@ def test_each_cpu_classs_defaults_keep_the_experts_on_gathermatmul(cpu, request,
         runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=4))
         logits.append(runner.step([ScheduledChunk(ids, 0, [[0, 1, 2]], num_logits=len(ids))]).logits[0].copy())
     assert model.decode is not None  # the decode model, or the one-token clone
+    assert "; 6 expert products on the plugin's GatherMatmul (routed experts only" in model.describe()  # startup log
     for compiled in (model.compiled, model.decode):
         kinds = [n.get_rt_info()["layerType"].astype(str) for n in compiled.get_runtime_model().get_ordered_ops()]
         assert kinds.count("GatherMatmul") == 3 * src.config.num_layers

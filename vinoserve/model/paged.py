@@ -86,7 +86,10 @@ class PagedModel:
 
     def describe(self) -> str:
         """What was compiled beyond the plain graph, for the startup log ("" for nothing)."""
-        return self.decode_graph.describe() if self.decode_graph else self.main_kernel.describe()
+        compiled = self.decode_graph.describe() if self.decode_graph else self.main_kernel.describe()
+        experts = (f"{self.facts.expert_products} expert products on the plugin's GatherMatmul (routed experts "
+                   "only; a prompt's one per token and expert)") if self.facts.expert_products else ""
+        return "; ".join(part for part in (compiled, experts) if part)
 
     @property
     def block_size(self) -> int:
