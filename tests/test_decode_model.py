@@ -103,3 +103,24 @@ def test_the_flag_reaches_the_compile_options(flag, value):
 
     args = build_parser().parse_args(["serve", "--decode-model", flag])
     assert _engine_config(args).compile.decode_model is value
+
+
+def test_every_compilation_keeps_a_bounded_shape_cache(tmp_path, monkeypatch):
+    """The plugin's kernels per input shape: at its default of 5,000 a server's memory grew with
+    every new step size for thousands of requests (docs/reliability.md). Each of the engine's
+    compilations (main, decode model or one-token clone, per this CPU's defaults) keeps 256."""
+    import openvino as ov
+
+    from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
+
+    asked, compile_model = [], ov.Core.compile_model
+
+    def recorded(core, model, device="CPU", properties=None):
+        if any(op.get_type_name() == "PagedAttentionExtension" for op in model.get_ops()):  # not the tokenizer's
+            asked.append((properties or {}).get("CPU_RUNTIME_CACHE_CAPACITY"))
+        return compile_model(core, model, device, properties or {})
+
+    monkeypatch.setattr(ov.Core, "compile_model", recorded)
+    path = write_gguf(tiny_hf_model("llama"), tmp_path / "q4.gguf", quant="Q4_0")
+    paged = LLMEngine(EngineConfig(model=str(path), num_kv_blocks=16), log=lambda m: None).model.paged
+    assert len(asked) == 1 + (paged.decode is not None) and set(asked) == {"256"}

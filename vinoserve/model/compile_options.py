@@ -52,6 +52,10 @@ class CompileOptions:
 
     def properties(self) -> dict[str, str]:
         props = {"NUM_STREAMS": "1"}  # one step at a time; let the op use all threads
+        # The plugin keeps kernels per input shape, 5,000 by default: steps of ever new sizes grew a
+        # server's memory by ~1.5 MB each, to ~400 MB (docs/reliability.md); 256 cost no throughput.
+        if self.device == "CPU":
+            props["CPU_RUNTIME_CACHE_CAPACITY"] = "256"
         if self.inference_precision:
             props["INFERENCE_PRECISION_HINT"] = self.inference_precision
         if self.dynamic_quantization_group_size is not None:
