@@ -184,3 +184,20 @@ def test_the_decode_bound_counts_every_tensor_but_an_untied_token_table(smollm2_
     assert decode_step_bytes(smollm2_gguf) == sum(int(t.n_bytes) for t in open_gguf(smollm2_gguf).tensors)  # tied
     line = bound_line(path, 10.0, {"a": 2 * decode_step_bytes(path) / 10.0 / 1e6})
     assert line.endswith("(2.00x)")
+
+
+def test_the_decode_bound_counts_the_routed_share_of_the_experts(smollm2_gguf, tmp_path, monkeypatch):
+    """A token reads expert_used_count of expert_count experts' matrices."""
+    import gguf
+
+    from vinoserve.bench import random_models
+    from vinoserve.bench.read_rate import decode_step_bytes
+    from vinoserve.model.gguf_file import open_gguf
+
+    monkeypatch.setitem(random_models.MOE_SHAPES, "tiny", random_models.Shape("qwen3moe", 64, 2, 4, 2, 32, 96, 1e6, 8, 2, "head"))
+    path = random_models.write(tmp_path / "m.gguf", "tiny", random_models.one_type(gguf.GGMLQuantizationType.Q4_0),
+                               log=lambda m: None)
+    sizes = {t.name: int(t.n_bytes) for t in open_gguf(path).tensors}
+    experts = sum(n for name, n in sizes.items() if name.endswith("_exps.weight"))
+    assert experts > 0
+    assert decode_step_bytes(path) == pytest.approx(sum(sizes.values()) - sizes["token_embd.weight"] - experts * 6 / 8)

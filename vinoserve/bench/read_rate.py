@@ -17,7 +17,7 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
-from vinoserve.model.gguf_file import open_gguf
+from vinoserve.model.gguf_file import field, open_gguf
 
 _READ_BYTES = 1 << 30
 _PASSES = 5
@@ -40,12 +40,17 @@ def read_rate_gbs(threads: int | None = None) -> float:
     return _READ_BYTES / best / 1e9
 
 
-def decode_step_bytes(gguf: Path) -> int:
+def decode_step_bytes(gguf: Path) -> float:
     """Bytes of weights a one-token step reads: every tensor but the token table, which a step
-    reads one row of (unless the output head is the token table, tied)."""
-    tensors = {t.name: int(t.n_bytes) for t in open_gguf(gguf).tensors}
+    reads one row of (unless the output head is the token table, tied); of a mixture of experts'
+    expert tensors (`*_exps`), the share of the experts a token is routed to."""
+    reader = open_gguf(gguf)
+    tensors = {t.name: int(t.n_bytes) for t in reader.tensors}
+    arch = field(reader, "general.architecture", "")
+    routed = field(reader, f"{arch}.expert_used_count", 1) / field(reader, f"{arch}.expert_count", 1)
     tied = "output.weight" not in tensors
-    return sum(n for name, n in tensors.items() if tied or name != "token_embd.weight")
+    return sum(n * (routed if name.endswith("_exps.weight") else 1) for name, n in tensors.items()
+               if tied or name != "token_embd.weight")
 
 
 def bound_line(gguf: Path, rate_gbs: float, step_ms: dict[str, float]) -> str:
