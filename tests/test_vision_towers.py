@@ -1,0 +1,195 @@
+"""Vision towers from mmproj GGUFs (model/vision) against transformers at f32, on tiny random
+LLaVA 1.5, Gemma 3 and Idefics3 models written by the tests' own llama.cpp-style writer:
+pixels equal to the HF image processors' (PIL backend) within 1e-5, embedding rows equal to
+get_image_features' within 1e-4 of their scale, batches equal to single images; bad images and
+wrong files refused with one clear line."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from transformers import CLIPImageProcessorPil, Gemma3ImageProcessorPil, Idefics3ImageProcessorPil
+from vision_fixtures import (CLIP_MEAN, CLIP_STD, HALF, TEXT_HIDDEN, tiny_gemma3, tiny_idefics3, tiny_llava,
+                             write_mmproj)
+
+from vinoserve.model.errors import ModelLoadError
+from vinoserve.model.vision import decode_image, load_vision
+
+FAMILIES = {"mlp": tiny_llava, "gemma3": tiny_gemma3, "idefics3": tiny_idefics3}
+
+
+def _images() -> list[Image.Image]:
+    """Odd sizes and modes: transparent RGBA, grayscale, a palette with a transparent index,
+    a tall RGB smaller than the towers' 32 px on one side."""
+    rng = np.random.default_rng(7)
+    rgba = Image.fromarray(rng.integers(0, 256, (37, 50, 4), dtype=np.uint8), "RGBA")
+    gray = Image.fromarray(rng.integers(0, 256, (80, 80), dtype=np.uint8), "L")
+    palette = Image.fromarray(rng.integers(0, 16, (45, 45), dtype=np.uint8), "P")
+    palette.putpalette(list(rng.integers(0, 256, 16 * 3, dtype=np.uint8)))
+    palette.info["transparency"] = 3
+    tall = Image.fromarray(rng.integers(0, 256, (90, 21, 3), dtype=np.uint8), "RGB")
+    return [rgba, gray, palette, tall]
+
+
+def _hf_processor(projector: str):
+    if projector == "mlp":
+        return CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
+                                     image_mean=CLIP_MEAN, image_std=CLIP_STD)
+    if projector == "gemma3":
+        return Gemma3ImageProcessorPil(size={"height": 32, "width": 32}, image_mean=HALF, image_std=HALF)
+    return Idefics3ImageProcessorPil(size={"longest_edge": 64}, max_image_size={"longest_edge": 32},
+                                     do_image_splitting=False, image_mean=HALF, image_std=HALF)
+
+
+def _hf_rows(model, projector: str, pixels: np.ndarray) -> np.ndarray:
+    """get_image_features' rows for a batch of [3, S, S] images: [B, tokens, text width]."""
+    pv = torch.from_numpy(pixels)
+    with torch.no_grad():
+        if projector == "mlp":
+            out = model.get_image_features(pv, vision_feature_layer=-2, vision_feature_select_strategy="default")
+        elif projector == "gemma3":
+            out = model.get_image_features(pv)
+        else:
+            out = model.get_image_features(pv[:, None])  # [B, images per sample, 3, S, S]
+    return np.stack([np.asarray(r) for r in out.pooler_output])
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory):
+    hf = FAMILIES[request.param]()
+    path = write_mmproj(hf, tmp_path_factory.mktemp(request.param) / "mmproj.gguf")
+    return request.param, hf, load_vision(path, TEXT_HIDDEN)
+
+
+def test_pixels_equal_the_hf_image_processor(family):
+    projector, _, vision = family
+    processor = _hf_processor(projector)
+    for image in _images():
+        ours = vision.prepare(image).pixels
+        theirs = np.asarray(processor(image, return_tensors="np")["pixel_values"], np.float32).reshape(ours.shape)
+        assert ours.shape == (3, 32, 32)
+        np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-5, err_msg=f"{projector} {image.mode} {image.size}")
+
+
+def test_rows_equal_transformers_get_image_features(family):
+    projector, hf, vision = family
+    prepared = [vision.prepare(image) for image in _images()[:2]]
+    ours = vision.encode(prepared)
+    theirs = _hf_rows(hf, projector, np.stack([p.pixels for p in prepared]))
+    assert vision.projector == projector
+    for rows, ref in zip(ours, theirs):
+        assert rows.shape == (prepared[0].num_tokens, TEXT_HIDDEN) == ref.shape
+        assert np.abs(rows - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+def test_a_batch_gives_each_image_its_own_rows(family):
+    _, _, vision = family
+    a, b = (vision.prepare(image) for image in _images()[:2])
+    together = vision.encode([a, b])
+    alone = [vision.encode([a])[0], vision.encode([b])[0]]
+    for t, s in zip(together, alone):
+        np.testing.assert_allclose(t, s, rtol=0, atol=1e-5 * np.abs(s).max())
+    assert not np.allclose(together[0], together[1])
+
+
+def test_layout_places_the_rows_in_the_family_s_text(family):
+    projector, _, vision = family
+    image = vision.prepare(_images()[0])
+    layout = vision.layout(image)
+    assert sum(part for part in layout if isinstance(part, int)) == image.num_tokens
+    expected = {"mlp": [16],
+                "gemma3": ["\n\n<start_of_image>", 4, "<end_of_image>\n\n"],
+                "idefics3": ["<fake_token_around_image><global-img>", 4, "<fake_token_around_image>"]}
+    assert layout == expected[projector]
+
+
+def test_the_cache_key_follows_the_pixels(family):
+    _, _, vision = family
+    rgba, gray, *_ = _images()
+    key = vision.prepare(rgba).key
+    assert isinstance(key, bytes) and len(key) == 16
+    assert vision.prepare(rgba.copy()).key == key
+    changed = rgba.copy()
+    changed.putpixel((3, 4), (1, 2, 3, 255))
+    assert vision.prepare(changed).key != key
+    assert vision.prepare(gray).key != vision.prepare(gray.resize((80, 81))).key
+
+
+def test_f16_weights_and_a_file_without_feature_layer(tmp_path):
+    """Matrices stored half (the converters' default) give the half weights' rows; a legacy
+    LLaVA file naming no feature layer (converted from a CLIP-only directory) runs every block it
+    stores, which the converter cut at HF's vision_feature_layer -2. llama.cpp runs one fewer
+    there (ggml-org/llama.cpp#25817), which this must not."""
+    hf = tiny_llava(layers=4)
+    image = _images()[1]
+    legacy = load_vision(write_mmproj(hf, tmp_path / "legacy.gguf", feature_layer=False), TEXT_HIDDEN)
+    prepared = legacy.prepare(image)
+    ref = _hf_rows(hf, "mlp", prepared.pixels[None])[0]
+    assert np.abs(legacy.encode([prepared])[0] - ref).max() <= 1e-4 * np.abs(ref).max()
+    half = load_vision(write_mmproj(hf, tmp_path / "f16.gguf", f16=True), TEXT_HIDDEN)
+    assert np.abs(half.encode([prepared])[0] - ref).max() > 1e-4 * np.abs(ref).max()  # rounding shows
+    with torch.no_grad():
+        for p in hf.parameters():
+            if p.ndim >= 2:
+                p.copy_(p.half().float())
+    ref = _hf_rows(hf, "mlp", prepared.pixels[None])[0]
+    assert np.abs(half.encode([prepared])[0] - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+def _png(image: Image.Image) -> bytes:
+    out = io.BytesIO()
+    image.save(out, "PNG")
+    return out.getvalue()
+
+
+def test_decode_image_refuses_bad_data():
+    image = _images()[0]
+    decoded = decode_image(_png(image), max_pixels=10_000)
+    assert decoded.size == image.size and decoded.mode == "RGBA"
+    with pytest.raises(ValueError, match="not an image"):
+        decode_image(b"this is plain text, not a picture", max_pixels=10_000)
+    with pytest.raises(ValueError, match="cannot be decoded|cannot be read"):
+        decode_image(_png(image)[:200], max_pixels=10_000)
+    with pytest.raises(ValueError, match="pixels"):
+        decode_image(_png(image), max_pixels=1000)
+    tiff = io.BytesIO()
+    image.save(tiff, "TIFF")
+    with pytest.raises(ValueError, match="format TIFF is not supported"):
+        decode_image(tiff.getvalue(), max_pixels=10_000)
+
+
+def test_decode_image_checks_the_declared_size_before_decoding():
+    """A PNG header declaring 100000 x 100000 pixels over a few bytes of data: refused from the
+    header, without allocating the canvas."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    bomb = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 100_000, 100_000, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * 1000)) + chunk(b"IEND", b""))
+    with pytest.raises(ValueError, match="pixels"):
+        decode_image(bomb, max_pixels=50_000_000)
+
+
+def test_wrong_files_are_refused(tmp_path):
+    from gguf_fixtures import write_gguf
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    chat = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1))
+    with pytest.raises(ModelLoadError, match="not a vision projector.*'llama'"):
+        load_vision(write_gguf(chat, tmp_path / "chat.gguf"), 32)
+    hf = tiny_gemma3()
+    with pytest.raises(ModelLoadError, match="'qwen2vl_merger' is not supported"):
+        load_vision(write_mmproj(hf, tmp_path / "qwen.gguf", projector="qwen2vl_merger"), TEXT_HIDDEN)
+    with pytest.raises(ModelLoadError, match="width 48.*hidden size is 64"):
+        load_vision(write_mmproj(hf, tmp_path / "gemma.gguf"), 64)
+    (tmp_path / "text.gguf").write_text("not a gguf")
+    with pytest.raises(ModelLoadError, match="not a readable GGUF"):
+        load_vision(tmp_path / "text.gguf", TEXT_HIDDEN)
+
