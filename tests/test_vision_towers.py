@@ -12,8 +12,8 @@ import pytest
 import torch
 from PIL import Image
 from transformers import CLIPImageProcessorPil, Gemma3ImageProcessorPil, Idefics3ImageProcessorPil
-from vision_fixtures import (CLIP_MEAN, CLIP_STD, HALF, TEXT_HIDDEN, tiny_gemma3, tiny_idefics3, tiny_llava,
-                             write_mmproj)
+from vision_fixtures import (CLIP_MEAN, CLIP_STD, HALF, TEXT_HIDDEN, as_stored, tiny_gemma3, tiny_idefics3,
+                             tiny_llava, write_mmproj)
 
 from vinoserve.model.errors import ModelLoadError
 from vinoserve.model.vision import decode_image, load_vision
@@ -118,25 +118,32 @@ def test_the_cache_key_follows_the_pixels(family):
     assert vision.prepare(gray).key != vision.prepare(gray.resize((80, 81))).key
 
 
-def test_f16_weights_and_a_file_without_feature_layer(tmp_path):
-    """Matrices stored half (the converters' default) give the half weights' rows; a legacy
-    LLaVA file naming no feature layer (converted from a CLIP-only directory) runs every block it
-    stores, which the converter cut at HF's vision_feature_layer -2. llama.cpp runs one fewer
-    there (ggml-org/llama.cpp#25817), which this must not."""
+def test_a_legacy_llava_file_without_feature_layer(tmp_path):
+    """A legacy LLaVA file naming no feature layer (converted from a CLIP-only directory) runs
+    every block it stores, which the converter cut at HF's vision_feature_layer -2. llama.cpp
+    runs one fewer there (ggml-org/llama.cpp#25817), which this must not."""
     hf = tiny_llava(layers=4)
-    image = _images()[1]
     legacy = load_vision(write_mmproj(hf, tmp_path / "legacy.gguf", feature_layer=False), TEXT_HIDDEN)
-    prepared = legacy.prepare(image)
+    prepared = legacy.prepare(_images()[1])
     ref = _hf_rows(hf, "mlp", prepared.pixels[None])[0]
     assert np.abs(legacy.encode([prepared])[0] - ref).max() <= 1e-4 * np.abs(ref).max()
-    half = load_vision(write_mmproj(hf, tmp_path / "f16.gguf", f16=True), TEXT_HIDDEN)
-    assert np.abs(half.encode([prepared])[0] - ref).max() > 1e-4 * np.abs(ref).max()  # rounding shows
+
+
+@pytest.mark.parametrize("matrices", ["F16", "Q8_0"])
+def test_half_and_quantized_weights(tmp_path, matrices):
+    """Matrices stored F16 (the converters' default) or Q8_0 give the rows of the weights as
+    stored: HF with its weights rounded the same way; the unrounded model differs."""
+    hf = tiny_gemma3()
+    vision = load_vision(write_mmproj(hf, tmp_path / "mmproj.gguf", matrices=matrices), TEXT_HIDDEN)
+    prepared = vision.prepare(_images()[0])
+    rows = vision.encode([prepared])[0]
+    exact = _hf_rows(hf, "gemma3", prepared.pixels[None])[0]
+    assert np.abs(rows - exact).max() > 1e-4 * np.abs(exact).max()  # the rounding shows
     with torch.no_grad():
         for p in hf.parameters():
-            if p.ndim >= 2:
-                p.copy_(p.half().float())
-    ref = _hf_rows(hf, "mlp", prepared.pixels[None])[0]
-    assert np.abs(half.encode([prepared])[0] - ref).max() <= 1e-4 * np.abs(ref).max()
+            p.copy_(torch.from_numpy(as_stored(p.numpy(), matrices)))
+    ref = _hf_rows(hf, "gemma3", prepared.pixels[None])[0]
+    assert np.abs(rows - ref).max() <= 1e-4 * np.abs(ref).max()
 
 
 def _png(image: Image.Image) -> bytes:

@@ -98,9 +98,31 @@ def _header(w: gguf.GGUFWriter, vision, projector: str, blocks: int, mean, std, 
     w.add_bool(gguf.Keys.ClipVision.USE_GELU, vision.hidden_act != "quick_gelu")
 
 
-def write_mmproj(model, path: Path, *, f16: bool = False, feature_layer: bool = True,
+def _store(w: gguf.GGUFWriter, name: str, a: np.ndarray, matrices: str) -> None:
+    """Vectors f32; matrices as `matrices` says: F32, F16 (the converters' default) or Q8_0
+    (llama-quantize's, for rows of whole 32-blocks; the rest stay F16)."""
+    if a.ndim < 2 or matrices == "F32":
+        w.add_tensor(name, a.astype(np.float32))
+    elif matrices == "Q8_0" and a.shape[-1] % 32 == 0:
+        qtype = gguf.GGMLQuantizationType.Q8_0
+        w.add_tensor(name, gguf.quants.quantize(a.astype(np.float32), qtype), raw_dtype=qtype)
+    else:
+        w.add_tensor(name, a.astype(np.float16))
+
+
+def as_stored(a: np.ndarray, matrices: str) -> np.ndarray:
+    """A weight's values as `_store` keeps them: the reference model's weights for such a file."""
+    if a.ndim < 2 or matrices == "F32":
+        return a
+    if matrices == "Q8_0" and a.shape[-1] % 32 == 0:
+        qtype = gguf.GGMLQuantizationType.Q8_0
+        return gguf.quants.dequantize(gguf.quants.quantize(a.astype(np.float32), qtype), qtype).reshape(a.shape)
+    return a.astype(np.float16).astype(np.float32)
+
+
+def write_mmproj(model, path: Path, *, matrices: str = "F32", feature_layer: bool = True,
                  projector: str | None = None) -> Path:
-    """The model's mmproj GGUF. `f16`: matrices stored half, as the converters do by default.
+    """The model's mmproj GGUF. `matrices`: how matrices are stored (see _store).
     `feature_layer`: LLaVA's clip.vision.feature_layer key (files from CLIP-only directories lack
     it). `projector`: write another projector type's name (for refusals)."""
     cfg = model.config
@@ -131,7 +153,7 @@ def write_mmproj(model, path: Path, *, f16: bool = False, feature_layer: bool = 
         tensors = list(_tower_tensors(model.model.vision_model, vision.num_hidden_layers, legacy=False))
         tensors.append(("mm.model.fc.weight", model.model.connector.modality_projection.proj.weight.detach().numpy()))
     for name, a in tensors:
-        w.add_tensor(name, a.astype(np.float16 if f16 and a.ndim >= 2 else np.float32))
+        _store(w, name, a, matrices)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -14,6 +14,9 @@ from vinoserve.model.gguf_file import GGUFMeta, open_gguf
 
 PROJECTORS = ("mlp", "gemma3", "idefics3")
 _V = "clip.vision."
+# projector.scale_factor where a file has none, as clip.cpp assumes: Gemma 3's pool kernel (4 for
+# every released size; only test models write it) and Idefics3's pixel shuffle
+_SCALE = {"gemma3": 4, "idefics3": 2}
 
 
 @dataclass(frozen=True)
@@ -84,9 +87,8 @@ def _config(meta: GGUFMeta, projector: str) -> VisionConfig:
     image_size, patch_size = int(need("image_size")), int(need("patch_size"))
     hidden, blocks = int(need("embedding_length")), int(need("block_count"))
     mean, std = need("image_mean"), need("image_std")
-    # gemma3's default kernel is 4 (llama.cpp: all Gemma 3 sizes); idefics3's shuffle defaults to 2
-    scale = {"mlp": 1, "gemma3": 4, "idefics3": 2}[projector]
-    scale = int(meta.field(_V + "projector.scale_factor", scale)) if projector != "mlp" else 1
+    default_scale = _SCALE.get(projector)
+    scale = int(meta.field(_V + "projector.scale_factor", default_scale)) if default_scale else 1
     config = VisionConfig(
         projector=projector, image_size=image_size, patch_size=patch_size, hidden_size=hidden,
         num_heads=int(need("attention.head_count")), num_layers=_layers_run(meta, projector, blocks),
