@@ -85,8 +85,8 @@ def load_vision(mmproj: Path, text_hidden_size: int, *, precision: str | None = 
         raise ModelLoadError(f"{mmproj}: the projector writes rows of width {width}, but the language model's "
                              f"hidden size is {text_hidden_size}: this mmproj belongs to another model")
     options = EncoderOptions(device=device, inference_precision=precision, num_threads=num_threads)
-    try:
+    try:  # a tensor of the wrong shape fails while the graph is built, a device limit while compiling
         compiled = ov.Core().compile_model(build_vision_model(mm), device, options.properties())
     except RuntimeError as e:
-        raise ModelLoadError(f"{mmproj}: the vision graph does not compile: {last_line(e)}") from e
+        raise ModelLoadError(f"{mmproj}: the vision graph does not build: {last_line(e)}") from e
     return VisionModel(mm, compiled)
