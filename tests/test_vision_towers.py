@@ -6,6 +6,7 @@ wrong files refused with one clear line."""
 from __future__ import annotations
 
 import io
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -34,80 +35,101 @@ def _images() -> list[Image.Image]:
     return [rgba, gray, palette, tall]
 
 
-def _hf_processor(projector: str):
-    if projector == "mlp":
+def _hf_processor(variant: str):
+    if variant == "mlp":
         return CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
                                      image_mean=CLIP_MEAN, image_std=CLIP_STD)
-    if projector == "gemma3":
+    if variant == "gemma3":
         return Gemma3ImageProcessorPil(size={"height": 32, "width": 32}, image_mean=HALF, image_std=HALF)
     return Idefics3ImageProcessorPil(size={"longest_edge": 64}, max_image_size={"longest_edge": 32},
-                                     do_image_splitting=False, image_mean=HALF, image_std=HALF)
+                                     do_image_splitting=variant == "idefics3", image_mean=HALF, image_std=HALF,
+                                     return_row_col_info=True)
 
 
 def _hf_rows(model, projector: str, pixels: np.ndarray) -> np.ndarray:
-    """get_image_features' rows for a batch of [3, S, S] images: [B, tokens, text width]."""
-    pv = torch.from_numpy(pixels)
+    """get_image_features' rows for one prepared image's pixels ([3, S, S] or [frames, 3, S, S]):
+    [tokens, text width]."""
+    pv = torch.from_numpy(pixels.reshape(-1, *pixels.shape[-3:]))
     with torch.no_grad():
         if projector == "mlp":
             out = model.get_image_features(pv, vision_feature_layer=-2, vision_feature_select_strategy="default")
         elif projector == "gemma3":
             out = model.get_image_features(pv)
         else:
-            out = model.get_image_features(pv[:, None])  # [B, images per sample, 3, S, S]
-    return np.stack([np.asarray(r) for r in out.pooler_output])
+            out = model.get_image_features(pv[None])  # [1 sample, frames, 3, S, S]
+    return np.concatenate([np.asarray(r).reshape(-1, TEXT_HIDDEN) for r in out.pooler_output])
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
+@pytest.fixture(scope="module", params=["mlp", "gemma3", "idefics3", "idefics3-whole"])
 def family(request, tmp_path_factory):
-    hf = FAMILIES[request.param]()
-    path = write_mmproj(hf, tmp_path_factory.mktemp(request.param) / "mmproj.gguf")
-    return request.param, hf, load_vision(path, TEXT_HIDDEN)
+    """(variant, projector, HF model, VisionModel); idefics3 tiles large images (HF's default
+    do_image_splitting), idefics3-whole does not."""
+    projector = request.param.split("-")[0]
+    hf = FAMILIES[projector]()
+    path = write_mmproj(hf, tmp_path_factory.mktemp(projector) / "mmproj.gguf")
+    return request.param, projector, hf, load_vision(path, TEXT_HIDDEN, split_images=request.param == "idefics3")
 
 
 def test_pixels_equal_the_hf_image_processor(family):
-    projector, _, vision = family
-    processor = _hf_processor(projector)
+    variant, _, _, vision = family
+    processor = _hf_processor(variant)
     for image in _images():
-        ours = vision.prepare(image).pixels
-        theirs = np.asarray(processor(image, return_tensors="np")["pixel_values"], np.float32).reshape(ours.shape)
-        assert ours.shape == (3, 32, 32)
-        np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-5, err_msg=f"{projector} {image.mode} {image.size}")
+        prepared = vision.prepare(image)
+        ours = prepared.pixels.reshape(-1, 3, 32, 32)
+        hf = processor(image, return_tensors="np")
+        theirs = np.asarray(hf["pixel_values"], np.float32).reshape(-1, 3, 32, 32)
+        assert ours.shape == theirs.shape, f"{variant} {image.size}"
+        np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-5, err_msg=f"{variant} {image.mode} {image.size}")
+        if variant.startswith("idefics3"):
+            assert prepared.grid == (hf["rows"][0][0], hf["cols"][0][0])
 
 
 def test_rows_equal_transformers_get_image_features(family):
-    projector, hf, vision = family
-    prepared = [vision.prepare(image) for image in _images()[:2]]
-    ours = vision.encode(prepared)
-    theirs = _hf_rows(hf, projector, np.stack([p.pixels for p in prepared]))
+    variant, projector, hf, vision = family
+    prepared = [vision.prepare(image) for image in _images()]
     assert vision.projector == projector
-    for rows, ref in zip(ours, theirs):
-        assert rows.shape == (prepared[0].num_tokens, TEXT_HIDDEN) == ref.shape
+    if variant == "idefics3":
+        assert [p.grid for p in prepared] == [(2, 2), (2, 2), (2, 2), (2, 1)]  # tiles and the whole image
+    for rows, image in zip(vision.encode(prepared), prepared):
+        ref = _hf_rows(hf, projector, image.pixels)
+        assert rows.shape == (image.num_tokens, TEXT_HIDDEN) == ref.shape
         assert np.abs(rows - ref).max() <= 1e-4 * np.abs(ref).max()
 
 
 def test_a_batch_gives_each_image_its_own_rows(family):
-    _, _, vision = family
-    a, b = (vision.prepare(image) for image in _images()[:2])
-    together = vision.encode([a, b])
-    alone = [vision.encode([a])[0], vision.encode([b])[0]]
-    for t, s in zip(together, alone):
-        np.testing.assert_allclose(t, s, rtol=0, atol=1e-5 * np.abs(s).max())
+    *_, vision = family
+    images = [vision.prepare(image) for image in _images()]
+    together = vision.encode(images)
+    for t, image in zip(together, images):
+        alone = vision.encode([image])[0]
+        np.testing.assert_allclose(t, alone, rtol=0, atol=1e-5 * np.abs(alone).max())
     assert not np.allclose(together[0], together[1])
 
 
 def test_layout_places_the_rows_in_the_family_s_text(family):
-    projector, _, vision = family
-    image = vision.prepare(_images()[0])
-    layout = vision.layout(image)
-    assert sum(part for part in layout if isinstance(part, int)) == image.num_tokens
-    expected = {"mlp": [16],
-                "gemma3": ["\n\n<start_of_image>", 4, "<end_of_image>\n\n"],
-                "idefics3": ["<fake_token_around_image><global-img>", 4, "<fake_token_around_image>"]}
-    assert layout == expected[projector]
+    """The layout, its runs written out as image tokens, is the text HF's processor writes for
+    the image (Idefics3Processor.replace_image_token's, tiles and all)."""
+    from transformers import Idefics3Processor
+
+    _, projector, _, vision = family
+    for image in _images():
+        prepared = vision.prepare(image)
+        layout = vision.layout(prepared)
+        assert sum(part for part in layout if isinstance(part, int)) == prepared.num_tokens
+        text = "".join(part if isinstance(part, str) else "<image>" * part for part in layout)
+        if projector == "idefics3":
+            names = SimpleNamespace(fake_image_token="<fake_token_around_image>", global_image_tag="<global-img>",
+                                    image_token="<image>", image_seq_len=4)
+            rows_cols = {"rows": [[prepared.grid[0]]], "cols": [[prepared.grid[1]]]}
+            assert text == Idefics3Processor.replace_image_token(names, rows_cols, 0)
+        elif projector == "gemma3":
+            assert layout == ["\n\n<start_of_image>", 4, "<end_of_image>\n\n"]
+        else:
+            assert layout == [16]
 
 
 def test_the_cache_key_follows_the_pixels(family):
-    _, _, vision = family
+    *_, vision = family
     rgba, gray, *_ = _images()
     key = vision.prepare(rgba).key
     assert isinstance(key, bytes) and len(key) == 16
@@ -125,7 +147,7 @@ def test_a_legacy_llava_file_without_feature_layer(tmp_path):
     hf = tiny_llava(layers=4)
     legacy = load_vision(write_mmproj(hf, tmp_path / "legacy.gguf", feature_layer=False), TEXT_HIDDEN)
     prepared = legacy.prepare(_images()[1])
-    ref = _hf_rows(hf, "mlp", prepared.pixels[None])[0]
+    ref = _hf_rows(hf, "mlp", prepared.pixels)
     assert np.abs(legacy.encode([prepared])[0] - ref).max() <= 1e-4 * np.abs(ref).max()
 
 
@@ -137,12 +159,12 @@ def test_half_and_quantized_weights(tmp_path, matrices):
     vision = load_vision(write_mmproj(hf, tmp_path / "mmproj.gguf", matrices=matrices), TEXT_HIDDEN)
     prepared = vision.prepare(_images()[0])
     rows = vision.encode([prepared])[0]
-    exact = _hf_rows(hf, "gemma3", prepared.pixels[None])[0]
+    exact = _hf_rows(hf, "gemma3", prepared.pixels)
     assert np.abs(rows - exact).max() > 1e-4 * np.abs(exact).max()  # the rounding shows
     with torch.no_grad():
         for p in hf.parameters():
             p.copy_(torch.from_numpy(as_stored(p.numpy(), matrices)))
-    ref = _hf_rows(hf, "gemma3", prepared.pixels[None])[0]
+    ref = _hf_rows(hf, "gemma3", prepared.pixels)
     assert np.abs(rows - ref).max() <= 1e-4 * np.abs(ref).max()
 
 

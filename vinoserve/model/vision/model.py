@@ -16,24 +16,22 @@ from PIL import Image
 from vinoserve.model.compile_options import PRECISIONS
 from vinoserve.model.encoders.model import EncoderOptions
 from vinoserve.model.errors import ModelLoadError, last_line
+from vinoserve.model.vision.layout import image_layout
 from vinoserve.model.vision.mmproj import MMProj, VisionConfig, read_mmproj
 from vinoserve.model.vision.preprocess import preprocess, to_rgb
 from vinoserve.model.vision.projectors import build_vision_model, projection_width
 
-# Images per inference: bounds the activations (a 400M SigLIP at 896 px holds ~100 MB per image
-# in flight) while still batching the usual few images of a request.
+# Frames per inference: bounds the activations (a 400M SigLIP at 896 px holds ~100 MB per frame
+# in flight) while still batching the usual few images (or one image's tiles) of a request.
 MAX_BATCH = 8
-# The text each family's HF processor puts around an image's rows (Gemma3Processor's
-# full_image_sequence, Idefics3Processor's single-image form); LLaVA puts none.
-_AROUND = {"mlp": ("", ""), "gemma3": ("\n\n<start_of_image>", "<end_of_image>\n\n"),
-           "idefics3": ("<fake_token_around_image><global-img>", "<fake_token_around_image>")}
 
 
 @dataclass(frozen=True)
 class PreparedImage:
-    pixels: np.ndarray  # float32 [3, H, W], as the family's processor gives them
+    pixels: np.ndarray  # float32 [3, H, W] (or [frames, 3, H, W]), as the family's processor gives them
     num_tokens: int  # embedding rows it becomes
     key: bytes  # blake2b-16 of the decoded RGB pixels + size: the prefix-cache key
+    grid: tuple[int, int] = (0, 0)  # idefics3's tiles (rows, cols) before the whole image; (0, 0): none
 
 
 def image_key(rgb: Image.Image) -> bytes:
@@ -46,37 +44,46 @@ def image_key(rgb: Image.Image) -> bytes:
 class VisionModel:
     """`encode` is thread-safe (one infer request, locked), `prepare` needs no lock."""
 
-    def __init__(self, mm: MMProj, compiled: ov.CompiledModel) -> None:
+    def __init__(self, mm: MMProj, compiled: ov.CompiledModel, split: bool = True) -> None:
         self.config: VisionConfig = mm.config
         self.projector: str = mm.config.projector
+        self.split = split
         self.path = mm.path
         self._request = compiled.create_infer_request()
         self._lock = threading.Lock()
 
     def prepare(self, image: Image.Image) -> PreparedImage:
         rgb = to_rgb(image)
-        return PreparedImage(preprocess(rgb, self.config), self.config.num_tokens, image_key(rgb))
+        pixels, grid = preprocess(rgb, self.config, self.split)
+        frames = 1 if pixels.ndim == 3 else len(pixels)
+        return PreparedImage(pixels, frames * self.config.num_tokens, image_key(rgb), grid)
 
     def encode(self, images: Sequence[PreparedImage]) -> list[np.ndarray]:
-        """Each image's rows, [num_tokens, text width] float32, in order."""
-        out: list[np.ndarray] = []
-        for start in range(0, len(images), MAX_BATCH):
-            batch = np.stack([im.pixels for im in images[start:start + MAX_BATCH]])
+        """Each image's rows, [num_tokens, text width] float32, in order (a tiled image's
+        frames one after another, as the layout places them)."""
+        if not images:
+            return []
+        size = self.config.image_size
+        frames = np.concatenate([im.pixels.reshape(-1, 3, size, size) for im in images])
+        rows = []
+        for start in range(0, len(frames), MAX_BATCH):
             with self._lock:
-                result = self._request.infer({"pixel_values": batch})
-                rows = np.array(next(iter(result.values())), np.float32)
-            out.extend(rows)
-        return out
+                result = self._request.infer({"pixel_values": frames[start:start + MAX_BATCH]})
+                rows.append(np.array(next(iter(result.values())), np.float32))
+        flat = np.concatenate(rows).reshape(-1, rows[0].shape[-1])
+        ends = np.cumsum([im.num_tokens for im in images])
+        return [flat[end - im.num_tokens:end] for im, end in zip(images, ends)]
 
     def layout(self, image: PreparedImage) -> list[str | int]:
         """The image in the prompt, in order: text to tokenize and runs of embedding rows."""
-        before, after = _AROUND[self.projector]
-        return [part for part in (before, image.num_tokens, after) if part != ""]
+        return image_layout(self.projector, self.config.num_tokens, image.grid)
 
 
 def load_vision(mmproj: Path, text_hidden_size: int, *, precision: str | None = "f32", device: str = "CPU",
-                num_threads: int | None = None) -> VisionModel:
-    """`precision`: the compiled model's inference precision (None: the device's default)."""
+                num_threads: int | None = None, split_images: bool = True) -> VisionModel:
+    """`precision`: the compiled model's inference precision (None: the device's default).
+    `split_images`: idefics3 cuts large images into tiles as its processor does by default
+    (more rows, more detail); False gives one frame per image."""
     if precision not in (None, *PRECISIONS):
         raise ValueError(f"vision precision {precision!r}; one of {', '.join(PRECISIONS)}")
     mm = read_mmproj(Path(mmproj))
@@ -89,4 +96,4 @@ def load_vision(mmproj: Path, text_hidden_size: int, *, precision: str | None = 
         compiled = ov.Core().compile_model(build_vision_model(mm), device, options.properties())
     except RuntimeError as e:
         raise ModelLoadError(f"{mmproj}: the vision graph does not build: {last_line(e)}") from e
-    return VisionModel(mm, compiled)
+    return VisionModel(mm, compiled, split_images)

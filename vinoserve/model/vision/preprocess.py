@@ -4,10 +4,14 @@ with the family's filter, rescaled by 1/255 and normalised per channel; [3, S, S
 
   mlp (LLaVA, CLIPImageProcessor): shortest edge to S (bicubic), centre crop S x S.
   gemma3 (Gemma3ImageProcessor): straight to S x S (bilinear); no pan-and-scan.
-  idefics3 (Idefics3ImageProcessor, do_image_splitting=False): longest edge to the file's
-      preprocessing size (even, aspect kept, lanczos), then to S x S (lanczos); no tiles.
+  idefics3 (Idefics3ImageProcessor): longest edge to the file's preprocessing size (even,
+      aspect kept, lanczos); then, splitting (HF's default; llama.cpp tiles these too), both
+      sides up to multiples of S (lanczos), cut into S x S tiles row by row, plus the whole
+      resized to S x S last; not splitting, straight to S x S.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from PIL import Image
@@ -57,15 +61,40 @@ def _longest_edge(image: Image.Image, max_len: int) -> Image.Image:
     return image.resize((max(width, 1), max(height, 1)), Image.Resampling.LANCZOS)
 
 
-def _resized(image: Image.Image, cfg: VisionConfig) -> np.ndarray:
-    """uint8 [S, S, 3] of an RGB image."""
+def _to_multiples(image: Image.Image, size: int) -> Image.Image:
+    """Idefics3's resize_for_vision_encoder: both sides up to multiples of `size`."""
+    width, height = image.size
+    aspect = width / height
+    if width >= height:
+        width = math.ceil(width / size) * size
+        height = math.ceil(int(width / aspect) / size) * size
+    else:
+        height = math.ceil(height / size) * size
+        width = math.ceil(int(height * aspect) / size) * size
+    return image.resize((width, height), Image.Resampling.LANCZOS)
+
+
+def _idefics3_frames(image: Image.Image, cfg: VisionConfig, split: bool) -> tuple[list[np.ndarray], tuple[int, int]]:
+    size = cfg.image_size
+    first = _longest_edge(image, cfg.preproc_longest_edge)
+    whole = _to_multiples(first, size) if split else first.resize((size, size), Image.Resampling.LANCZOS)
+    if whole.size == (size, size):
+        return [np.asarray(whole)], (0, 0)
+    rows, cols = whole.height // size, whole.width // size
+    pixels = np.asarray(whole)
+    frames = [pixels[r * size:(r + 1) * size, c * size:(c + 1) * size] for r in range(rows) for c in range(cols)]
+    frames.append(np.asarray(whole.resize((size, size), Image.Resampling.LANCZOS)))
+    return frames, (rows, cols)
+
+
+def _frames(image: Image.Image, cfg: VisionConfig, split: bool) -> tuple[list[np.ndarray], tuple[int, int]]:
+    """uint8 [S, S, 3] frames of an RGB image, and their grid of tiles ((0, 0): one frame)."""
     size = cfg.image_size
     if cfg.projector == "mlp":
-        return _centre_crop(np.asarray(_shortest_edge(image, size)), size)
+        return [_centre_crop(np.asarray(_shortest_edge(image, size)), size)], (0, 0)
     if cfg.projector == "gemma3":
-        return np.asarray(image.resize((size, size), Image.Resampling.BILINEAR))
-    first = _longest_edge(image, cfg.preproc_longest_edge)
-    return np.asarray(first.resize((size, size), Image.Resampling.LANCZOS))
+        return [np.asarray(image.resize((size, size), Image.Resampling.BILINEAR))], (0, 0)
+    return _idefics3_frames(image, cfg, split)
 
 
 def normalise(pixels: np.ndarray, cfg: VisionConfig) -> np.ndarray:
@@ -77,6 +106,9 @@ def normalise(pixels: np.ndarray, cfg: VisionConfig) -> np.ndarray:
     return np.ascontiguousarray((scaled - mean) / std, dtype=np.float32)
 
 
-def preprocess(rgb: Image.Image, cfg: VisionConfig) -> np.ndarray:
-    """float32 [3, S, S] of an RGB image (see to_rgb)."""
-    return normalise(_resized(rgb, cfg), cfg)
+def preprocess(rgb: Image.Image, cfg: VisionConfig, split: bool = True) -> tuple[np.ndarray, tuple[int, int]]:
+    """float32 [3, S, S] of an RGB image (see to_rgb), or [frames, 3, S, S] where it is cut into
+    tiles (`split`: idefics3's do_image_splitting), and the tiles' (rows, cols)."""
+    frames, grid = _frames(rgb, cfg, split)
+    pixels = [normalise(frame, cfg) for frame in frames]
+    return (pixels[0] if len(pixels) == 1 else np.stack(pixels)), grid
