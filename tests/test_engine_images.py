@@ -2,11 +2,16 @@
 tower, projector, Llama text model; the text model written as llama.cpp writes it) generates
 greedily with HF's own image features, and the engine, given the same features as ImageSpans at
 the image tokens' positions, gives the same tokens with the same logprobs: one image and two, an
-image cut across prefill chunks, beside a text-only request, from the prefix cache (the same
-image hits, another image of the same size does not), and through preemption. Gemma 3's rows go
-in after its embedding scale. A text-only engine's graph takes no image inputs."""
+image cut across prefill chunks, beside a text-only request, n choices on one prefill, through
+the async engine, from the prefix cache (the same image hits, another image of the same size
+does not), and through preemption. Gemma 3's rows go in after its embedding scale; the kernel's
+one-token clone takes none. A text-only engine's graph takes no image inputs."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +21,10 @@ import torch
 from gguf_fixtures import FAMILIES, family_gguf, tiny_hf_model, write_gguf
 from transformers import CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration
 
+from vinoserve.engine.async_engine import AsyncLLMEngine
 from vinoserve.engine.llm import LLM
 from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
+from vinoserve.engine.model_runner import ModelRunner
 from vinoserve.model import cpu_defaults
 from vinoserve.model.compile_options import CompileOptions
 from vinoserve.model.cpu_class import CpuClass
@@ -101,6 +108,22 @@ def _assert_as_hf(hf, prompts, outputs) -> None:
         np.testing.assert_allclose([lp for lp, _ in out.logprobs], logprobs, rtol=0, atol=LOGPROB_ATOL)
 
 
+@contextlib.contextmanager
+def _rows_fed(runner: ModelRunner) -> Iterator[list[int]]:
+    """The rows of each piece of an image the runner's steps are fed while inside."""
+    seen, prepare = [], runner.prepare
+
+    def spy(chunks, rotation=None):
+        seen.extend(len(rows) for c in chunks for _, rows in c.images)
+        return prepare(chunks, rotation)
+
+    runner.prepare = spy
+    try:
+        yield seen
+    finally:
+        del runner.prepare
+
+
 @pytest.fixture(scope="module")
 def image_llm(llava):
     """One engine for the tests that need no particular cache: prefix caching off, so each test's
@@ -113,22 +136,44 @@ def test_one_and_two_images_and_a_text_only_prompt_batched_equal_hf_with_images_
     prompts = [_prompt([_text(1, 5), 0, _text(2, 30)], images),
                _prompt([_text(3, 3), 1, _text(4, 10), 2, _text(5, 8)], images),
                _prompt([_text(6, 40)], images)]
-    seen = []  # rows of each piece of an image a step is fed
-    runner = image_llm.engine.runner
-    prepare = runner.prepare
-
-    def spy(chunks, rotation=None):
-        seen.extend(len(rows) for c in chunks for _, rows in c.images)
-        return prepare(chunks, rotation)
-
-    runner.prepare = spy
-    try:
+    with _rows_fed(image_llm.engine.runner) as seen:
         outputs = image_llm.generate([p[0] for p in prompts], GREEDY, images=[p[1] for p in prompts])
-    finally:
-        runner.prepare = prepare
     _assert_as_hf(hf, prompts, outputs)
     rows = len(images[0][1])
     assert sum(seen) == 3 * rows and any(n < rows for n in seen)  # every row fed once, some spans in parts
+
+
+def test_choices_of_an_image_prompt_share_its_prefill_and_equal_hf(llava, image_llm):
+    hf, _, images = llava
+    prompt = _prompt([_text(13, 6), 0, _text(14, 12)], images)
+    with _rows_fed(image_llm.engine.runner) as seen:
+        outputs = image_llm.generate(prompt[0], replace(GREEDY, n=2), images=[prompt[1]])
+    _assert_as_hf(hf, [prompt, prompt], outputs)
+    assert sum(seen) == len(images[0][1])  # the second choice forked from the first's prompt
+
+
+def test_the_async_engine_takes_images_and_refuses_bad_ones_before_queueing(llava):
+    hf, path, images = llava
+    ids, spans, pixels = _prompt([_text(15, 6), 2, _text(16, 12)], images)
+    engine = AsyncLLMEngine(LLMEngine(_config(path, prefix=False), log=lambda m: None))
+
+    async def generate() -> tuple[list[int], list[float]]:
+        tokens, logprobs = [], []
+        async for out in engine.generate(ids, GREEDY, images=spans):
+            tokens += out.new_token_ids
+            logprobs += [lp for lp, _ in out.new_logprobs]
+        return tokens, logprobs
+
+    try:
+        with pytest.raises(ValueError, match="run past the prompt"):
+            engine.prepare(ids[:10], GREEDY, images=spans)
+        assert engine.prepare(ids, GREEDY, images=spans) == ids
+        tokens, logprobs = asyncio.run(generate())
+    finally:
+        engine.shutdown()
+    reference = _hf_generate(hf, ids, pixels)
+    assert tokens == reference[0]
+    np.testing.assert_allclose(logprobs, reference[1], rtol=0, atol=LOGPROB_ATOL)
 
 
 def test_the_same_image_hits_the_prefix_cache_and_another_image_of_the_same_size_does_not(llava):
@@ -140,28 +185,25 @@ def test_the_same_image_hits_the_prefix_cache_and_another_image_of_the_same_size
     other = _prompt([_text(7, 5), 1, _text(8, 2 * block), _text(9, 20)], images)
     late = [_prompt([_text(10, block + 3), i, _text(11, 20)], images) for i in (0, 1)]  # a text block first
 
-    def run(p):
-        out = engine.generate(p[0], GREEDY, images=[p[1]])[0]
-        cached = engine.engine.blocks.prefix.num_hit_tokens
-        return out, cached
+    prefix = engine.engine.blocks.prefix
 
-    run(first)
-    hits = engine.engine.blocks.prefix.num_hit_tokens
-    (out, cached) = run(follow_up)
-    assert cached - hits == 2 * block  # the image's block and the text block chained after it
-    _assert_as_hf(hf, [follow_up], [out])
-    out, again = run(other)
-    assert again == cached  # the same placeholder tokens, another image: no block of it hits
-    _assert_as_hf(hf, [other], [out])
-    run(late[0])
-    out, after = run(late[1])
-    assert after - again == block  # the text block before the image only
-    _assert_as_hf(hf, [late[1]], [out])
+    def hit_tokens(p) -> int:
+        """The prompt tokens a request found cached, its tokens checked against HF's."""
+        before = prefix.num_hit_tokens
+        _assert_as_hf(hf, [p], engine.generate(p[0], GREEDY, images=[p[1]]))
+        return prefix.num_hit_tokens - before
+
+    assert hit_tokens(first) == 0
+    assert hit_tokens(follow_up) == 2 * block  # the image's block, and the text block chained after it
+    assert hit_tokens(other) == 0  # the same placeholder tokens, another image
+    assert hit_tokens(late[0]) == 0
+    assert hit_tokens(late[1]) == block  # the text block before the image only
 
 
 def test_preemption_recomputes_the_image_rows_exactly(llava):
     hf, path, images = llava
-    prompts = [_prompt([_text(12 + i, 4), i, _text(20 + i, 40)], images) for i in range(3)]  # 60: 2 blocks, 3 by the end
+    # 60 tokens: 2 blocks each, 3 by the end, with room for 6
+    prompts = [_prompt([_text(12 + i, 4), i, _text(20 + i, 40)], images) for i in range(3)]
     llm = LLM(_config(path, num_blocks=6, budget=64, prefix=False), log=lambda m: None)
     outputs = llm.generate([p[0] for p in prompts], GREEDY, images=[p[1] for p in prompts])
     assert llm.engine.scheduler.num_preemptions > 0
