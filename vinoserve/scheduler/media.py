@@ -36,23 +36,20 @@ def checked_spans(spans: Spans, prompt_len: int, width: int | None) -> tuple[Ima
         return ()
     if width is None:
         raise ValueError("this model takes no images")
-    ordered = sorted(spans, key=lambda s: s.offset)
     out, end = [], 0
-    for i, span in enumerate(ordered):
-        rows = np.asarray(span.embeddings)
+    for span in sorted(spans, key=lambda s: s.offset):
+        rows, at = np.asarray(span.embeddings), f"the image at position {span.offset}"
         if rows.ndim != 2 or rows.shape[1] != width or not len(rows):
-            raise ValueError(f"image {i}: embeddings of shape {list(rows.shape)}; this model takes "
-                             f"[rows >= 1, {width}]")
+            raise ValueError(f"{at}: embeddings of shape {list(rows.shape)}; this model takes [rows >= 1, {width}]")
         if not isinstance(span.key, bytes) or not span.key:
-            raise ValueError(f"image {i}: its key must be non-empty bytes")
+            raise ValueError(f"{at}: its key must be non-empty bytes")
         if span.offset < end:
-            raise ValueError(f"image {i} at position {span.offset} overlaps the one before it (ending at {end})"
-                             if i else f"image {i}: position {span.offset} is outside the prompt")
+            raise ValueError(f"{at} overlaps the one before it (ending at {end})" if out else f"{at} is outside the prompt")
         end = span.offset + len(rows)
         if end > prompt_len:
-            raise ValueError(f"image {i}: rows {span.offset}..{end - 1} run past the prompt's {prompt_len} tokens")
+            raise ValueError(f"{at}: rows {span.offset}..{end - 1} run past the prompt's {prompt_len} tokens")
         if not np.isfinite(rows).all():
-            raise ValueError(f"image {i}: its embeddings are not all finite")
+            raise ValueError(f"{at}: its embeddings are not all finite")
         out.append(ImageSpan(span.offset, np.ascontiguousarray(rows, np.float32), span.key))
     return tuple(out)
 
