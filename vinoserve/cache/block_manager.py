@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from vinoserve.cache.block_allocator import BlockAllocator
-from vinoserve.cache.prefix_cache import PrefixCache, TokenRange
+from vinoserve.cache.prefix_cache import ExtraKeys, PrefixCache, TokenRange, no_extra_keys
 
 BlockTables = list[list[int]]  # one table per group (1, one per layer group, or one per layer)
 Hit = tuple[int | None, ...]  # a cached block's physical block in each group (None: not cached there)
@@ -126,11 +126,12 @@ class BlockManager:
                 i -= 1
 
     # ---- prefix caching
-    def match_prefix(self, hashes: list[bytes], tokens: TokenRange, num_tokens: int) -> list[Hit]:
+    def match_prefix(self, hashes: list[bytes], tokens: TokenRange, num_tokens: int,
+                     extra: ExtraKeys = no_extra_keys) -> list[Hit]:
         """Cached blocks a sequence of `num_tokens` tokens can start from: every group's blocks
         of the prefix, except a windowed group's behind the window of the first token computed."""
         whole = [g for g, w in enumerate(self.windows) if not w]
-        hits = self.prefix.match(hashes, tokens, num_tokens, whole)
+        hits = self.prefix.match(hashes, tokens, num_tokens, whole, extra)
         n = len(hits)
         while n and any(hits[i][g] is None for g, w in enumerate(self.windows) if w
                         for i in range(self.behind(n * self.block_size, g), n)):
@@ -153,11 +154,12 @@ class BlockManager:
                        for h in hits[self.behind(first_query, group):])
         return (self.blocks_for(num_tokens) - len(hits)) * self._per_pool + reviving
 
-    def register(self, tables: BlockTables, index: int, hashes: list[bytes], tokens: TokenRange) -> None:
+    def register(self, tables: BlockTables, index: int, hashes: list[bytes], tokens: TokenRange,
+                 extra: ExtraKeys = no_extra_keys) -> None:
         """Block `index` of these tables now holds computed KV: cache it where not released."""
         blocks = tuple(None if t[index] == self.null_block else t[index] for t in tables)
         if any(b is not None for b in blocks):
-            self.prefix.register(blocks, index, hashes, tokens)
+            self.prefix.register(blocks, index, hashes, tokens, extra)
 
     def fork(self, tables: BlockTables) -> BlockTables:
         """A second owner of every block (choices sharing their prompt). Not with eviction,

@@ -19,6 +19,7 @@ from vinoserve.engine.llm_engine import LLMEngine
 from vinoserve.engine.outputs import RequestOutput
 from vinoserve.engine.speculative import SpecStats
 from vinoserve.model.tokenizer import Tokenizer
+from vinoserve.scheduler import media
 from vinoserve.scheduler.grammar import GrammarCompiler
 from vinoserve.scheduler.sampling_params import SamplingParams
 
@@ -41,6 +42,7 @@ class AddRequest:
     stream: _Stream
     cache_eviction: dict | None = None
     fork_of: str | None = None  # an earlier request with this prompt: another choice of the same n
+    images: media.Spans = ()
 
 
 @dataclass(frozen=True)
@@ -163,11 +165,13 @@ class AsyncLLMEngine:
         """Compiles output constraints for this model's vocabulary (thread-safe, cached)."""
         return self.engine.grammars
 
-    def prepare(self, prompt: str | list[int], params: SamplingParams, cache_eviction: dict | None = None) -> list[int]:
+    def prepare(self, prompt: str | list[int], params: SamplingParams, cache_eviction: dict | None = None,
+                images: media.Spans = ()) -> list[int]:
         """Tokenize and validate in the caller's thread, so bad input fails before it is queued."""
         params.validate()
         ids = self.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self.engine.check_request(ids, params, self.engine.new_eviction(cache_eviction))
+        media.checked_spans(images, len(ids), self.engine.model.paged.image_width)
         return ids
 
     @property
@@ -176,7 +180,8 @@ class AsyncLLMEngine:
         return self._unapplied + self.stats.num_waiting
 
     def submit(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
-               cache_eviction: dict | None = None, fork_of: str | None = None) -> RequestStream:
+               cache_eviction: dict | None = None, fork_of: str | None = None,
+               images: media.Spans = ()) -> RequestStream:
         """Queue a request now (call on the event loop) and return its stream of outputs.
         Submitting is synchronous so that admission control can count it at once."""
         if not self.is_alive:
@@ -185,12 +190,13 @@ class AsyncLLMEngine:
         stream = _Stream(asyncio.get_running_loop())
         with self._lock:
             self._unapplied += 1
-        self._inbox.put(AddRequest(request_id, prompt_token_ids, params, stream, cache_eviction, fork_of))
+        self._inbox.put(AddRequest(request_id, prompt_token_ids, params, stream, cache_eviction, fork_of,
+                                   tuple(images)))
         return RequestStream(self, request_id, stream)
 
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                       cache_eviction: dict | None = None) -> AsyncIterator[RequestOutput]:
-        stream = self.submit(prompt_token_ids, params, request_id, cache_eviction)
+                       cache_eviction: dict | None = None, images: media.Spans = ()) -> AsyncIterator[RequestOutput]:
+        stream = self.submit(prompt_token_ids, params, request_id, cache_eviction, images=images)
         try:
             async for out in stream:
                 yield out
@@ -257,7 +263,7 @@ class AsyncLLMEngine:
             self._unapplied -= 1
         try:
             self.engine.add_request(msg.request_id, msg.prompt_token_ids, msg.params,
-                                    cache_eviction=msg.cache_eviction, fork_of=msg.fork_of)
+                                    cache_eviction=msg.cache_eviction, fork_of=msg.fork_of, images=msg.images)
         except ValueError as e:
             msg.stream.put(e)
             return

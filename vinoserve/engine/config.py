@@ -40,6 +40,9 @@ class EngineConfig:
     # Sliding-window layers' tables hold only the blocks inside their window, in a pool shared
     # with the global layers' (cache/layer_groups.py). False: every layer keeps every block.
     window_sized_caches: bool = True
+    # The language model takes image rows in place of token embeddings (model/image_inputs.py,
+    # scheduler/media.py): two more inputs. False: the graph exactly as a text-only model's.
+    image_inputs: bool = False
 
     @property
     def prefix_caching(self) -> bool:
@@ -54,7 +57,8 @@ class EngineConfig:
         ev, c = self.cache_eviction, self.compile
         in_kernel = (ev is not None and ev.rotation and not self.host_rotation
                      and kernel_supports_rotation(c.inference_precision, c.kv_cache_precision))
-        return replace(c, score_outputs=ev is not None, cache_rotation=in_kernel)
+        return replace(c, score_outputs=ev is not None, cache_rotation=in_kernel,
+                       image_inputs=c.image_inputs or self.image_inputs)
 
     def num_blocks(self, layout: CacheLayout, num_buffers: int, per_sequence: int) -> int:
         """KV blocks to allocate (each `num_buffers` layers' worth): as asked, else the memory

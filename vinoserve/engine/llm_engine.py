@@ -27,6 +27,7 @@ from vinoserve.memory import release_freed_heap
 from vinoserve.model.cpu_class import this_cpu
 from vinoserve.model.loader import LoadedModel, load_model
 from vinoserve.model.mapped_pages import drop_mapped_pages
+from vinoserve.scheduler import media
 from vinoserve.scheduler.grammar import GrammarCompiler
 from vinoserve.scheduler.sampler import Sampler, SamplingState
 from vinoserve.scheduler.sampling_params import SamplingParams
@@ -46,9 +47,8 @@ class LLMEngine:
         self.tokenizer = self.model.tokenizer
         paged, layers = self.model.paged, self.model.config.num_layers
         evicting = config.cache_eviction is not None
-        salt = salt_hash(config.model, config.weight_format, options, paged.block_size,
-                         paged.layout.key_type.get_type_name(), paged.layout.value_type.get_type_name())
-        salt = salt if config.prefix_caching else None
+        salt = salt_hash(config.model, config.weight_format, options, paged.block_size, paged.layout.key_type.get_type_name(),
+                         paged.layout.value_type.get_type_name()) if config.prefix_caching else None
         self.groups = LayerGroups.of(() if evicting else self.model.config.sliding_windows, layers)
         if self.groups.hybrid and not config.window_sized_caches:
             self.groups = LayerGroups.of((), layers)  # every layer keeps every block (a 'before' to measure)
@@ -64,8 +64,7 @@ class LLMEngine:
         if evicting:
             config.cache_eviction.validate(paged.block_size)
             self.evictor = Evictor(config.cache_eviction, self.model.config, self.blocks, self.cache,
-                                   in_kernel=options.cache_rotation,
-                                   max_step_tokens=config.scheduler.max_num_batched_tokens)
+                                   options.cache_rotation, config.scheduler.max_num_batched_tokens)
         self.scheduler = Scheduler(config.scheduler, self.blocks)
         # Eviction changes a step's inputs after it ran: it runs one step at a time. Speculation
         # does only in the steps that verify proposals (see Speculator.plan_ahead).
@@ -108,22 +107,23 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     arrival_time: float | None = None, cache_eviction: dict | None = None,
-                    fork_of: str | None = None) -> list[int]:
+                    fork_of: str | None = None, images: media.Spans = ()) -> list[int]:
         """Queue a request; returns its prompt token ids. ValueError if it can never run.
         `cache_eviction` overrides the engine's eviction settings for this request. `fork_of`
         names an earlier request with the same prompt (another choice of the same n): this one
-        then shares its prompt's KV and samples its first token from the same logits."""
+        then shares its prompt's KV and samples its first token from the same logits. `images`: rows
+        in place of token embeddings at their prompt positions (EngineConfig.image_inputs)."""
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         params.validate()
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         eviction = self.new_eviction(cache_eviction)
         self.check_request(ids, params, eviction)
-        seq = Sequence(request_id, ids, params, block_tables=self.blocks.new_tables())
+        spans = media.checked_spans(images, len(ids), self.model.paged.image_width)
+        seq = Sequence(request_id, ids, params, time.monotonic() if arrival_time is None else arrival_time,
+                       block_tables=self.blocks.new_tables(), images=spans)
         if eviction is not None and eviction.state.config.during_prefill:
             seq.most_blocks = self._most_held(len(ids), params.max_tokens, eviction)
-        if arrival_time is not None:
-            seq.arrival_time = arrival_time
         sampling = SamplingState(params, seq.prompt_token_ids, seq.output_token_ids, self.eos_token_ids,
                                  self.grammars.matcher(params.grammar) if params.grammar else None)
         req = RequestState(seq, TextOutput(self.tokenizer, params.stop, params.skip_special_tokens), sampling,
@@ -133,7 +133,7 @@ class LLMEngine:
         parent = self._requests.get(fork_of) if fork_of is not None else None
         # A choice that scores its prompt computes it itself: a fork would have no prompt logits.
         if (parent is not None and self.evictor is None and not parent.seq.output_token_ids
-                and parent.seq.prompt_token_ids == ids and params.prompt_logprobs is None):
+                and parent.seq.same_prompt(ids, spans) and params.prompt_logprobs is None):
             self._forks.setdefault(fork_of, []).append(req)
         else:  # nothing to fork from (any more): computed on its own, from the prefix cache where it can
             self.scheduler.add(seq)

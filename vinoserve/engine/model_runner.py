@@ -11,6 +11,7 @@ import openvino as ov
 
 from vinoserve.cache.kv_cache import KVCache
 from vinoserve.model import lowbit
+from vinoserve.model.image_inputs import IMAGE_EMBEDS, IMAGE_ROWS
 from vinoserve.model.paged import SAMPLED_INDICES, PagedModel
 
 
@@ -28,6 +29,9 @@ class ScheduledChunk:
     # just generated and its proposals: where the model has lowbit.PLANES, a step with any such
     # chunk quantizes activations in two int8 planes (see ModelRunner.planes).
     prompt: bool = True
+    # (row within the chunk, float32 [n, hidden]) of image rows that take the place of the token
+    # embeddings there (scheduler/media.py); only where the model takes images
+    images: Sequence[tuple[int, np.ndarray]] = ()
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class _InputTensors:
 
     def __init__(self, request: ov.InferRequest) -> None:
         self.request = request
+        self.takes_images = any(IMAGE_EMBEDS in i.get_names() for i in request.model_inputs)
         self._buffers: dict[str, np.ndarray] = {}
         self._tensors: dict[str, ov.Tensor] = {}
 
@@ -115,6 +120,7 @@ class ModelRunner:
         self._has_rotation = model.options.cache_rotation
         self._per_layer_tables = model.options.per_layer_block_tables
         self._has_planes = lowbit.PLANES in model.input_names
+        self._image_width = model.image_width
         self._table_of = list(range(self._num_layers)) if table_of is None else list(table_of)
         self._num_tables = max(self._table_of) + 1
         self.infer_seconds = 0.0  # blocked on OpenVINO (starting, waiting); the rest of a step is our Python
@@ -166,6 +172,10 @@ class ModelRunner:
         if self._has_planes and not use_decode:
             inputs[lowbit.PLANES] = np.array(self.planes(chunks), dtype=np.int32)
         bound = (self._decode_inputs if use_decode else self._inputs)[self._turn]
+        if self._image_width is not None and bound.takes_images:
+            # image rows come with prompt chunks only, which run on the main compilation (above):
+            # a decode step gives the inputs none
+            self._image_inputs(chunks, begins, inputs)
         self._turn = (self._turn + 1) % len(self._inputs)
         inputs = bound.write(inputs)
         ids = inputs["input_ids"]
@@ -231,6 +241,19 @@ class ModelRunner:
                                   for c in chunks]) for t in range(self._num_tables)]
         for layer in range(self._num_layers):
             inputs[f"block_indices.{layer}"] = tables[self._table_of[layer]]
+
+    def _image_inputs(self, chunks: Sequence[ScheduledChunk], begins: np.ndarray, inputs: dict) -> None:
+        """The step's image rows and the rows of its flattened tokens they replace; none (M = 0:
+        the plugin takes the empty tensors, and the scatter then leaves the embeddings as they are)
+        in a step without images."""
+        rows = [np.arange(n, dtype=np.int64) + (begins[i] + at)
+                for i, c in enumerate(chunks) for at, r in c.images for n in (len(r),)]
+        if rows:
+            inputs[IMAGE_ROWS] = np.concatenate(rows)
+            inputs[IMAGE_EMBEDS] = np.concatenate([r for c in chunks for _, r in c.images])
+        else:
+            inputs[IMAGE_ROWS] = np.zeros(0, np.int64)
+            inputs[IMAGE_EMBEDS] = np.zeros((0, self._image_width), np.float32)
 
     def _rotation_inputs(self, rotation: KernelRotation | None, inputs: dict) -> None:
         head_size = self.model.facts.head_size

@@ -8,6 +8,7 @@ from typing import NamedTuple
 from vinoserve.engine.evictor import Evictor
 from vinoserve.engine.model_runner import PreparedStep, ScheduledChunk
 from vinoserve.engine.request_state import RequestState
+from vinoserve.scheduler import media
 from vinoserve.scheduler.scheduler import ScheduledSequence, SchedulerOutput
 from vinoserve.scheduler.sequence import Sequence
 
@@ -56,9 +57,12 @@ def chunk(s: ScheduledSequence, req: RequestState) -> ScheduledChunk:
         tokens = tokens + [-1]
     if s.num_drafts:
         tokens = tokens + seq.draft_token_ids
+    # exactly the image rows this chunk's positions take: a span cut by the budget is fed in parts,
+    # and a recomputed (preempted) prompt is fed them again
+    images = [(at - start, rows) for at, rows in media.rows_in(seq.images, start, end)] if seq.images else ()
     return ScheduledChunk(tokens, seq.num_cached_tokens, seq.block_tables, wanted, Evictor.first_position(seq, ev),
                           Evictor.score_window(ev, seq, s.num_tokens, s.samples),
-                          prompt=start < len(seq.prompt_token_ids) or end - start > 1)
+                          prompt=start < len(seq.prompt_token_ids) or end - start > 1, images=images)
 
 
 def sampling_rows(plan: SchedulerOutput, reqs: list[RequestState],

@@ -36,6 +36,8 @@ class CompileOptions:
     # CPU class (cpu_defaults.py)
     dynamic_quantization_group_size: int | None = None
     per_layer_tables: bool = False  # a block_indices input per layer whatever else is on (set for mixed windows)
+    # image rows in place of token embeddings (model/image_inputs.py); False: the graph as converted
+    image_inputs: bool = False
 
     def __post_init__(self) -> None:
         if self.inference_precision not in (None, *PRECISIONS):

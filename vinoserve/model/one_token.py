@@ -22,6 +22,7 @@ import openvino as ov
 import openvino.opset13 as ops
 
 from vinoserve.model import lowbit
+from vinoserve.model.image_inputs import IMAGE_EMBEDS, IMAGE_ROWS
 
 TOKENS = 1
 # the inputs with a row per token this step (graph_facts; paged.SAMPLED_INDICES: one row sampled)
@@ -40,5 +41,9 @@ def graph(model: ov.Model) -> ov.Model:
             target.replace_source_output(ops.constant(np.int32(_PLANES)).output(0))
         clone.remove_parameter(planes)
     names = {name for i in clone.inputs for name in i.get_names()}
-    clone.reshape({name: ov.PartialShape([TOKENS]) for name in _PER_TOKEN if name in names})
+    shapes = {name: ov.PartialShape([TOKENS]) for name in _PER_TOKEN if name in names}
+    if IMAGE_EMBEDS in names:  # a decode step carries no image rows (they come with prompts): none, statically
+        width = next(i for i in clone.inputs if IMAGE_EMBEDS in i.get_names()).get_partial_shape()[1]
+        shapes |= {IMAGE_ROWS: ov.PartialShape([0]), IMAGE_EMBEDS: ov.PartialShape([ov.Dimension(0), width])}
+    clone.reshape(shapes)
     return clone

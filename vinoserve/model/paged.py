@@ -20,6 +20,7 @@ from vinoserve.model.compile_options import CompileOptions
 from vinoserve.model.errors import ModelLoadError, last_line
 from vinoserve.model.graph_facts import (MAX_CONTEXT_LEN_INPUT, SLIDING_WINDOW_INPUT, GraphFacts, layer_index,
                                          lm_head, read_graph_facts)
+from vinoserve.model.image_inputs import IMAGE_EMBEDS, add_image_inputs
 
 SAMPLED_INDICES = "sampled_token_indices"
 @dataclass(frozen=True)
@@ -103,6 +104,12 @@ class PagedModel:
     def input_names(self) -> set[str]:
         return {i.get_any_name() for i in self.compiled.inputs}
 
+    @property
+    def image_width(self) -> int | None:
+        """The hidden size of the image rows it takes (model/image_inputs.py); None: it takes none."""
+        embeds = next((i for i in self.compiled.inputs if IMAGE_EMBEDS in i.get_names()), None)
+        return None if embeds is None else embeds.get_partial_shape()[1].get_length()
+
 
 def to_paged(model: ov.Model, options: CompileOptions, sliding_windows: tuple[int, ...] = ()) -> ov.Model:
     """In place: SDPA + KV state -> PagedAttention (block tables per layer or shared, see
@@ -151,6 +158,8 @@ def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None
         options = replace(options, per_layer_tables=True)
     options, kernel = _resolve(options, core, model)
     facts = read_graph_facts(to_paged(model, options, sliding_windows))
+    if options.image_inputs:  # before the clone below: the decode model takes them too (the runner feeds none)
+        add_image_inputs(model)
     # the decode model's graph starts from this one, before the passes below (model/lowbit)
     raw = model.clone() if options.decode_model and options.lowbit_kernel is not False else None
     if options.lowbit_main:  # int8 planes a step as the runner sets them (lowbit.PLANES)

@@ -155,7 +155,7 @@ class Scheduler:
         """Cached blocks `seq` can start from ([] without prefix caching)."""
         if self.blocks.prefix is None or _scores_prompt(seq):
             return []
-        hits = self.blocks.match_prefix(seq.block_hashes, seq.token_ids, seq.num_tokens)
+        hits = self.blocks.match_prefix(seq.block_hashes, seq.token_ids, seq.num_tokens, seq.extra_keys)
         while hits and seq.num_tokens - len(hits) * self.blocks.block_size < self._least_chunk:
             hits.pop()  # the rest is computed as a chunk of a prompt computed whole would be
         return hits
@@ -201,9 +201,9 @@ class Scheduler:
             full = min(num_computed, seq.num_known_tokens) // self.blocks.block_size
             if full <= seq.num_registered_blocks or seq.status is not SequenceStatus.RUNNING:
                 continue  # nothing new, or its blocks went back since (preempted, finished)
-            prefix.extend_hashes(seq.block_hashes, seq.token_ids, full)
+            prefix.extend_hashes(seq.block_hashes, seq.token_ids, full, seq.extra_keys)
             for i in range(seq.num_registered_blocks, full):
-                self.blocks.register(seq.block_tables, i, seq.block_hashes, seq.token_ids)
+                self.blocks.register(seq.block_tables, i, seq.block_hashes, seq.token_ids, seq.extra_keys)
             seq.num_registered_blocks = full
 
     def _make_room(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:

@@ -5,6 +5,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from vinoserve.scheduler import media
 from vinoserve.scheduler.sampling_params import SamplingParams
 
 
@@ -48,6 +49,8 @@ class Sequence:
     # The most blocks a table of it ever holds where that is bounded (eviction during prefill:
     # the budget plus one step); the scheduler admits it only with room to get there.
     most_blocks: int | None = None
+    # Rows of embeddings in place of prompt tokens' (media.py), in prompt order, checked.
+    images: tuple[media.ImageSpan, ...] = ()
 
     @property
     def num_known_tokens(self) -> int:
@@ -74,6 +77,14 @@ class Sequence:
     @property
     def is_decoding(self) -> bool:
         return self.num_uncomputed_tokens == 1 and self.num_computed_tokens >= len(self.prompt_token_ids)
+
+    def same_prompt(self, ids: list[int], images: tuple[media.ImageSpan, ...]) -> bool:
+        """Whether a prompt gives the same KV as its own (a fork shares its blocks)."""
+        return self.prompt_token_ids == ids and media.same_images(self.images, images)
+
+    def extra_keys(self, start: int, stop: int) -> bytes:
+        """What besides its tokens fixes the KV of [start, stop) (prefix caching): its images there."""
+        return media.extra_keys(self.images, start, stop) if self.images else b""
 
     def token_ids(self, start: int, stop: int) -> list[int]:
         """Known tokens in [start, stop): a pending one is not there yet."""

@@ -1,0 +1,81 @@
+"""Images in a prompt: rows of embeddings (a vision tower's output) that the language model takes
+in place of the token embeddings at given prompt positions.
+
+The tokens at those positions stay whatever the caller put there (a family's image token): the
+scheduler, speculation, grammars and stop strings act on tokens and need not know. What does
+need to know: the runner, which feeds each step the rows its chunks cover (again after a
+preemption), and prefix caching, whose blocks holding image rows are keyed by the image too.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class ImageSpan:
+    offset: int  # prompt position of its first row
+    embeddings: np.ndarray  # float32 [n, hidden]: rows for prompt positions offset .. offset+n-1
+    key: bytes  # what the image is (hash of its pixels + the vision model), for prefix caching
+
+    @property
+    def end(self) -> int:
+        return self.offset + len(self.embeddings)
+
+
+Spans = Sequence[ImageSpan]  # a prompt's images, as callers give them
+
+
+def checked_spans(spans: Spans, prompt_len: int, width: int | None) -> tuple[ImageSpan, ...]:
+    """The spans in prompt order, float32; ValueError naming the problem where a span is outside
+    the prompt, overlaps another or has rows of another width than the model's hidden size
+    (`width` None: the model takes no images)."""
+    if not spans:
+        return ()
+    if width is None:
+        raise ValueError("this model takes no images")
+    out, end = [], 0
+    for span in sorted(spans, key=lambda s: s.offset):
+        rows, at = np.asarray(span.embeddings), f"the image at position {span.offset}"
+        if rows.ndim != 2 or rows.shape[1] != width or not len(rows):
+            raise ValueError(f"{at}: embeddings of shape {list(rows.shape)}; this model takes [rows >= 1, {width}]")
+        if not isinstance(span.key, bytes) or not span.key:
+            raise ValueError(f"{at}: its key must be non-empty bytes")
+        if span.offset < end:
+            raise ValueError(f"{at} overlaps the one before it (ending at {end})" if out else f"{at} is outside the prompt")
+        end = span.offset + len(rows)
+        if end > prompt_len:
+            raise ValueError(f"{at}: rows {span.offset}..{end - 1} run past the prompt's {prompt_len} tokens")
+        if not np.isfinite(rows).all():
+            raise ValueError(f"{at}: its embeddings are not all finite")
+        out.append(ImageSpan(span.offset, np.ascontiguousarray(rows, np.float32), span.key))
+    return tuple(out)
+
+
+def rows_in(spans: Sequence[ImageSpan], start: int, stop: int) -> list[tuple[int, np.ndarray]]:
+    """(position, rows) of the image rows at prompt positions [start, stop), in order: a chunk of a
+    prefill takes exactly these (the rest of a span is in the chunks before and after it)."""
+    out = []
+    for span in spans:
+        lo, hi = max(start, span.offset), min(stop, span.end)
+        if lo < hi:
+            out.append((lo, span.embeddings[lo - span.offset:hi - span.offset]))
+    return out
+
+
+def extra_keys(spans: Sequence[ImageSpan], start: int, stop: int) -> bytes:
+    """What besides the tokens fixes the KV of positions [start, stop) (a prefix-cache block): each
+    image with rows there, and where it starts relative to `start` (vLLM's
+    _gen_mm_extra_hash_keys: its hash and offset). b"" where no image has rows there."""
+    keys = b""
+    for span in spans:
+        if span.offset < stop and span.end > start:
+            keys += np.int64(len(span.key)).tobytes() + span.key + np.int64(span.offset - start).tobytes()
+    return keys
+
+
+def same_images(a: Spans, b: Spans) -> bool:
+    """Whether two prompts' images give the same KV (a fork shares its parent's)."""
+    return [(x.offset, x.key) for x in a] == [(x.offset, x.key) for x in b]
