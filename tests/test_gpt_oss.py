@@ -1,0 +1,158 @@
+"""gpt-oss (model/architectures/gpt_oss.py) from GGUFs written as llama.cpp's converter writes them,
+experts once f16 and once MXFP4, against HF transformers' GptOssForCausalLM at f32 through the
+engine: greedy tokens over staggered prompts longer than the sliding window with prefix-cache
+hits, logprobs; the sinks on PagedAttention's own input, the MXFP4 experts exact and compressed
+on GatherMatmul, YaRN's frequencies as HF's."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf_fixtures import tiny_hf_model, write_gguf
+from test_architectures import F32, MAX_TOKENS, _engine, _run
+from test_moe_families import assert_logprobs_equal_hfs, staggered_case
+
+from vinoserve.model import quantized
+from vinoserve.model.config import ExpertRouting, Gating
+from vinoserve.model.gguf_loader import GGUFModel
+from vinoserve.model.graph import build_model
+from vinoserve.model.graph_facts import SLIDING_WINDOW_INPUT
+from vinoserve.model.paged import compile_paged, to_paged
+from vinoserve.scheduler.sampling_params import SamplingParams
+
+T = gguf.GGMLQuantizationType
+WINDOW, EXPERTS, USED = 20, 4, 2
+SINKS_INPUT = 20  # PagedAttention's `sinks` on openvino 2026.4.1
+# Two layers: the first windowed, the second global (HF's layer_types); YaRN past a 64-token
+# trained context; hidden and expert sizes multiples of MXFP4's 32-value blocks.
+SPEC = dict(heads=4, kv_heads=2, head_dim=16, hidden=64, intermediate=64, rope_theta=150000.0,
+            num_local_experts=EXPERTS, num_experts_per_tok=USED, sliding_window=WINDOW,
+            rope_scaling={"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                          "truncate": False, "original_max_position_embeddings": 64})
+
+
+def _tiny_gpt_oss():
+    """SPEC's model with its gate and up products 4x HF's init: past the SwiGLU's clamp at 7 often
+    (each value still an f16, as the file holds it)."""
+    hf = tiny_hf_model("gpt_oss", **SPEC)
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.mlp.experts.gate_up_proj.mul_(4)
+    return hf
+
+
+def _mxfp4_rounded(hf) -> None:
+    """In place: every expert matrix replaced by the values its MXFP4 blocks hold in the GGUF
+    (rows of the file's [E, out, in] layout, 32 inputs a block)."""
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            for p in (layer.mlp.experts.gate_up_proj, layer.mlp.experts.down_proj):
+                stored = p.detach().numpy().swapaxes(1, 2)
+                blocks = gguf.quants.quantize(np.ascontiguousarray(stored), T.MXFP4)
+                p.copy_(torch.from_numpy(gguf.quants.dequantize(blocks, T.MXFP4).swapaxes(1, 2).copy()))
+
+
+@pytest.fixture(scope="module")
+def gpt_oss(tmp_path_factory):
+    """experts' type -> (HF model, GGUF path, prompts, HF's greedy tokens)."""
+    made = {}
+
+    def get(experts: str):
+        if experts not in made:
+            hf = _tiny_gpt_oss()
+            if experts == "MXFP4":
+                _mxfp4_rounded(hf)
+            path = write_gguf(hf, tmp_path_factory.mktemp(experts) / "gpt-oss.gguf", "gpt_oss",
+                              expert_quant=experts if experts == "MXFP4" else None)
+            made[experts] = staggered_case(hf, path, seed=5)
+        return made[experts]
+    return get
+
+
+def test_the_file_reads_as_gpt_oss():
+    """What llama.cpp fixes for the architecture where the file has no key: softmax over the top
+    k's logits, every other layer windowed from the first, YaRN's ramp not rounded."""
+    import tempfile
+
+    hf = tiny_hf_model("gpt_oss", **SPEC)
+    with tempfile.TemporaryDirectory() as d:
+        src = GGUFModel.open(write_gguf(hf, Path(d) / "m.gguf", "gpt_oss", expert_quant="MXFP4"))
+        cfg = src.config
+        assert src.meta.tensor("blk.0.ffn_up_exps.weight").ggml_type == T.MXFP4
+    assert cfg.experts == ExpertRouting(EXPERTS, USED, Gating.SOFTMAX_SELECTED)
+    assert cfg.sliding_windows == (WINDOW, 0) and cfg.hidden_act == "swiglu_oai"
+    assert cfg.rope.scaling["truncate"] is False
+    np.testing.assert_allclose(cfg.rope.inverse_frequencies(), hf.model.rotary_emb.inv_freq.double().numpy(),
+                               rtol=1e-6)
+    assert cfg.rope.attention_factor == pytest.approx(hf.model.rotary_emb.attention_scaling)
+
+
+@pytest.mark.parametrize("experts", ["F16", "MXFP4"])
+def test_greedy_equals_hf_over_staggered_prompts_longer_than_the_window(gpt_oss, experts):
+    """Sinks, biases, windows, YaRN, the router and the clamped SwiGLU, token for token; prompts 3
+    and 5 start from prompt 1's cached blocks."""
+    _, path, prompts, reference = gpt_oss(experts)
+    engine = _engine(path)
+    assert engine.model.config.sliding_windows == (WINDOW, 0)
+    assert _run(engine, prompts) == reference
+    assert engine.blocks.prefix.num_hit_tokens >= 64
+    hits = engine.blocks.prefix.num_hit_tokens
+    engine.add_request("again", prompts[3], SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
+    again = []
+    while engine.has_unfinished_requests:
+        again += [t for o in engine.step() for t in o.new_token_ids]
+    assert again == reference[3] and engine.blocks.prefix.num_hit_tokens - hits >= 96  # blocks of it cached
+
+
+@pytest.mark.parametrize("experts", ["F16", "MXFP4"])
+def test_logprobs_and_prompt_logprobs_equal_hfs(gpt_oss, experts):
+    """Within 1e-4 of transformers' at f32, over a prompt five windows long."""
+    hf, path, prompts, _ = gpt_oss(experts)
+    assert_logprobs_equal_hfs(hf, path, prompts[2])
+
+
+def test_sinks_and_windows_reach_paged_attention(gpt_oss):
+    """The sinks are the op's own input (not a mask the transformation would drop): [1, H, 1, 1]
+    per layer, the file's values; each layer's window set."""
+    _, path, _, _ = gpt_oss("F16")
+    src = GGUFModel.open(Path(path))
+    model = to_paged(build_model(src.config, src.tensor, "f32"), F32, src.config.sliding_windows)
+    attention = [n for n in model.get_ordered_ops() if n.get_type_name() == "PagedAttentionExtension"]
+    assert len(attention) == 2
+    for i, node in enumerate(attention):
+        sinks = node.input_value(SINKS_INPUT).get_node()
+        assert sinks.get_type_name() == "Constant"
+        np.testing.assert_array_equal(sinks.get_data().reshape(-1), src.weight(f"blk.{i}.attn_sinks.weight"))
+        assert node.input_value(SLIDING_WINDOW_INPUT).get_node().get_data() == (WINDOW, 0)[i]
+
+
+def test_mxfp4_experts_stay_8_bit_on_gathermatmul_and_compute_the_files_values(gpt_oss):
+    """MXFP4 blocks as i8 groups of 32 with f32 scales: every value exact (against gguf-py's own
+    reading), every expert product on GatherMatmulCompressed, the logits those of the same values
+    as f32 constants."""
+    from vinoserve.cache.kv_cache import KVCache
+    from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
+
+    _, path, prompts, _ = gpt_oss("MXFP4")
+    src = GGUFModel.open(Path(path))
+    t = src.meta.tensor("blk.1.ffn_down_exps.weight")
+    blocks = quantized.unpack(t.ggml_type, t.data.reshape(-1, t.data.shape[-1] // EXPERTS))
+    assert blocks.element.get_type_name() == "i8" and blocks.scale.dtype == np.float32
+    np.testing.assert_array_equal((blocks.q * blocks.scale).reshape(t.shape), t.dequantize())
+    logits = []
+    for fmt in ("auto", "f32"):
+        model = compile_paged(build_model(src.config, src.tensor, fmt), F32)
+        runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=8))
+        ids = prompts[3]
+        logits.append(runner.step([ScheduledChunk(ids, 0, [list(range(5))], num_logits=len(ids))]).logits[0].copy())
+        if fmt == "auto":
+            gathered = [n for n in model.compiled.get_runtime_model().get_ordered_ops()
+                        if n.get_rt_info()["layerType"].astype(str) == "GatherMatmul"]
+            assert len(gathered) == 3 * 2
+            assert {n.input(1).get_source_output().get_node().get_rt_info()["outputPrecisions"].astype(str)
+                    for n in gathered} == {"i8"}
+    np.testing.assert_allclose(logits[0], logits[1], rtol=0, atol=1e-4 * np.abs(logits[1]).max())
+
