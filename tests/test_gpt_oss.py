@@ -11,10 +11,10 @@ import gguf
 import numpy as np
 import pytest
 import torch
+
 from gguf_fixtures import tiny_hf_model, write_gguf
 from test_architectures import F32, MAX_TOKENS, _engine, _run
-from test_moe_families import assert_logprobs_equal_hfs, staggered_case
-
+from test_moe_families import assert_llama_cpp_writes_hfs_greedy_text, assert_logprobs_equal_hfs, staggered_case
 from vinoserve.model import quantized
 from vinoserve.model.config import ExpertRouting, Gating
 from vinoserve.model.gguf_loader import GGUFModel
@@ -34,10 +34,10 @@ SPEC = dict(heads=4, kv_heads=2, head_dim=16, hidden=64, intermediate=64, rope_t
                           "truncate": False, "original_max_position_embeddings": 64})
 
 
-def _tiny_gpt_oss():
-    """SPEC's model with its gate and up products 4x HF's init: past the SwiGLU's clamp at 7 often
-    (each value still an f16, as the file holds it)."""
-    hf = tiny_hf_model("gpt_oss", **SPEC)
+def _tiny_gpt_oss(spec: dict = SPEC):
+    """The spec's model with its gate and up products 4x HF's init: past the SwiGLU's clamp at 7
+    often (each value still an f16, as the file holds it)."""
+    hf = tiny_hf_model("gpt_oss", **spec)
     with torch.no_grad():
         for layer in hf.model.layers:
             layer.mlp.experts.gate_up_proj.mul_(4)
@@ -156,3 +156,18 @@ def test_mxfp4_experts_stay_8_bit_on_gathermatmul_and_compute_the_files_values(g
                     for n in gathered} == {"i8"}
     np.testing.assert_allclose(logits[0], logits[1], rtol=0, atol=1e-4 * np.abs(logits[1]).max())
 
+
+
+def test_llama_cpp_reads_our_mxfp4_file_and_differs_only_by_yarns_rounding(tmp_path):
+    """The writer and the MXFP4 layout checked against llama.cpp itself: it loads the file and
+    generates transformers' greedy text once HF's YaRN rounds the ramp's ends as
+    ggml_rope_yarn_corr_dims always does (gpt-oss' own config does not: see gpt_oss.py)."""
+    import dataclasses
+
+    from gguf_fixtures import TINY_VOCAB
+
+    hf = _tiny_gpt_oss({**SPEC, "rope_scaling": {**SPEC["rope_scaling"], "truncate": True}})
+    _mxfp4_rounded(hf)
+    vocab = dataclasses.replace(TINY_VOCAB, pre="default")
+    path = write_gguf(hf, tmp_path / "m.gguf", "gpt_oss", vocab=vocab, expert_quant="MXFP4")
+    assert_llama_cpp_writes_hfs_greedy_text(hf, path, vocab)

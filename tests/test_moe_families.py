@@ -127,16 +127,24 @@ def test_llama_cpp_reads_our_moe_ggufs_and_writes_transformers_greedy_text(name,
     text (end-of-generation tokens masked in both, as its ignore_eos does)."""
     import dataclasses
 
-    import torch
-
-    xllamacpp = pytest.importorskip("xllamacpp")
-    from gguf_fixtures import BYTE_TOKENS, TINY_VOCAB
+    from gguf_fixtures import TINY_VOCAB
 
     spec = MOE_FAMILIES[name]
     hf = tiny_hf_model(spec["arch"], **{k: v for k, v in spec.items() if k != "arch"})
     vocab = dataclasses.replace(TINY_VOCAB, pre="default")
+    assert_llama_cpp_writes_hfs_greedy_text(hf, write_gguf(hf, tmp_path / "m.gguf", spec["arch"], vocab=vocab), vocab)
+
+
+def assert_llama_cpp_writes_hfs_greedy_text(hf, path, vocab) -> None:
+    """llama.cpp (xllamacpp) loads the file and generates 12 tokens of transformers' greedy text
+    after a 30-token prompt (end-of-generation tokens masked in both, as its ignore_eos does)."""
+    import torch
+
+    xllamacpp = pytest.importorskip("xllamacpp")
+    from gguf_fixtures import BYTE_TOKENS
+
     params = xllamacpp.CommonParams()
-    params.model.path = str(write_gguf(hf, tmp_path / "m.gguf", spec["arch"], vocab=vocab))
+    params.model.path = str(path)
     params.n_ctx, params.n_parallel = 256, 1
     params.cpuparams.n_threads = params.cpuparams_batch.n_threads = 1
     prompt = np.random.default_rng(3).integers(0, hf.config.vocab_size, 30).tolist()
@@ -241,7 +249,6 @@ def test_logits_after_eviction_and_rotation_equal_a_fresh_run_on_the_survivors(n
     """Cache eviction re-rotates the kept keys with the family's RoPE (one layer: the survivors'
     K/V do not depend on what was evicted, so a fresh run on them is the exact reference)."""
     import torch
-
     from test_eviction import _engine as eviction_engine
     from test_eviction import _run as run_one
 

@@ -81,7 +81,9 @@ def expert_ffn(x: ov.Output, router: np.ndarray, routing: ExpertRouting, gate: E
 
     def product(a: ov.Output, m: ExpertMatrices) -> ov.Output:
         y = _product(a, m, ends)
-        return y if m.bias is None else ops.add(y, ops.gather(const(m.bias, np.float32), row_experts, const(0))).output(0)
+        if m.bias is None:
+            return y
+        return ops.add(y, ops.gather(const(m.bias, np.float32), row_experts, const(0))).output(0)
 
     out = product(glu(activation, product(rows, gate), product(rows, up)), down)
     # row i of `out` is pair order[i]: back to (token, choice) order, then the weighted sum
