@@ -196,3 +196,27 @@ def test_a_servers_default_compilation_runs_it(gpt_oss, monkeypatch):
     assert model.decode is not None and model.inference_precision == "bf16"
     assert (argmax[1][0] == argmax[0][0]).mean() >= 0.9
     assert int(argmax[1][1].argmax()) in np.argsort(-argmax[0][1])[:3]  # bf16: near ties may swap
+
+
+def test_the_benchs_random_gpt_oss_loads_as_gpt_oss_and_runs_on_gathermatmul(smollm2_gguf, tmp_path, monkeypatch):
+    """`vinoserve bench engine|llamacpp --model gpt-oss-20b-mxfp4-random` (here a tiny shape in its
+    place): written as the family, read back with its routing and windows, its MXFP4 experts
+    products on GatherMatmul."""
+    from vinoserve.bench import random_models
+    from vinoserve.cache.kv_cache import KVCache
+    from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
+
+    assert "gpt-oss-20b-mxfp4-random" in random_models.names()
+    assert not any(n.startswith("gpt-oss-20b-q4") for n in random_models.names())
+    monkeypatch.setitem(random_models.MOE_SHAPES, "tiny", random_models.Shape("gpt-oss", 64, 2, 4, 2, 16, 64,
+                                                                             150000.0, EXPERTS, USED))
+    path = random_models.write(tmp_path / "m.gguf", "tiny", random_models.mxfp4_experts(), log=lambda m: None)
+    src = GGUFModel.open(path)
+    assert src.config.experts == ExpertRouting(EXPERTS, USED, Gating.SOFTMAX_SELECTED)
+    assert src.config.sliding_windows == (128, 0) and src.config.rope.scaling_type == "yarn"
+    assert src.meta.tensor("blk.1.ffn_down_exps.weight").ggml_type == T.MXFP4
+    model = compile_paged(build_model(src.config, src.tensor, "auto"), F32, sliding_windows=src.config.sliding_windows)
+    kinds = [n.get_rt_info()["layerType"].astype(str) for n in model.compiled.get_runtime_model().get_ordered_ops()]
+    assert kinds.count("GatherMatmul") == 3 * 2
+    runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=2))
+    assert np.isfinite(runner.step([ScheduledChunk(list(range(40)), 0, [[0, 1]], num_logits=1)]).logits[0]).all()
