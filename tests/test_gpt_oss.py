@@ -17,6 +17,7 @@ from test_architectures import F32, MAX_TOKENS, _engine, _run
 from test_moe_families import assert_llama_cpp_writes_hfs_greedy_text, assert_logprobs_equal_hfs, staggered_case
 from vinoserve.model import quantized
 from vinoserve.model.config import ExpertRouting, Gating
+from vinoserve.model.errors import ModelLoadError
 from vinoserve.model.gguf_loader import GGUFModel
 from vinoserve.model.graph import build_model
 from vinoserve.model.graph_facts import SLIDING_WINDOW_INPUT
@@ -220,3 +221,15 @@ def test_the_benchs_random_gpt_oss_loads_as_gpt_oss_and_runs_on_gathermatmul(smo
     assert kinds.count("GatherMatmul") == 3 * 2
     runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=2))
     assert np.isfinite(runner.step([ScheduledChunk(list(range(40)), 0, [[0, 1]], num_logits=1)]).logits[0]).all()
+
+
+def test_a_file_with_fused_gate_up_experts_is_refused_by_name(tmp_path):
+    w = gguf.GGUFWriter(str(tmp_path / "fused.gguf"), "gpt-oss")
+    w.add_block_count(1)
+    w.add_tensor("blk.0.ffn_gate_up_exps.weight", np.zeros((2, 8, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelLoadError, match="fused ffn_gate_up_exps .* is not supported; convert without it"):
+        GGUFModel.open(tmp_path / "fused.gguf")
