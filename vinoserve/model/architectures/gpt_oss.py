@@ -7,7 +7,9 @@ experts with biases on gate, up and down, and the clamped SwiGLU (blocks.glu "sw
 
 YaRN as gpt-oss' config sets it: `truncate` false (the ramp's ends not rounded), as HF and
 OpenAI's reference compute; llama.cpp's ggml_rope_yarn_corr_dims always rounds them, so its
-frequencies differ slightly between the ramp's ends. The GGUF has no key for it.
+frequencies differ slightly between the ramp's ends. The GGUF has no key for it. Both kinds
+of layer share one RoPE, as in HF (llama.cpp reads a windowed layers' base from
+`rope.freq_base_swa`, which its converter does not write for gpt-oss).
 The experts usually come as MXFP4 (quantized.py keeps them as exact i8 groups)."""
 from __future__ import annotations
 
