@@ -14,7 +14,8 @@ import torch
 
 from gguf_fixtures import tiny_hf_model, write_gguf
 from test_architectures import F32, MAX_TOKENS, _engine, _run
-from test_moe_families import assert_llama_cpp_writes_hfs_greedy_text, assert_logprobs_equal_hfs, staggered_case
+from test_moe_families import (assert_llama_cpp_writes_hfs_greedy_text, assert_logprobs_equal_hfs,
+                               assert_preemption_and_speculation_keep_the_tokens, staggered_case)
 from vinoserve.model import quantized
 from vinoserve.model.config import ExpertRouting, Gating
 from vinoserve.model.errors import ModelLoadError
@@ -113,6 +114,14 @@ def test_logprobs_and_prompt_logprobs_equal_hfs(gpt_oss, experts):
     """Within 1e-4 of transformers' at f32, over a prompt five windows long."""
     hf, path, prompts, _ = gpt_oss(experts)
     assert_logprobs_equal_hfs(hf, path, prompts[2])
+
+
+def test_preemption_and_speculation_keep_the_tokens(gpt_oss):
+    """Several proposed tokens verified a step, sequences preempted and recomputed across the
+    window: HF's tokens still. With a windowed and a global layer, a block holds one layer: 16
+    are the memory of 8 two-layer blocks."""
+    _, path, prompts, reference = gpt_oss("MXFP4")
+    assert_preemption_and_speculation_keep_the_tokens(path, prompts, reference, num_blocks=16)
 
 
 def test_sinks_and_windows_reach_paged_attention(gpt_oss):

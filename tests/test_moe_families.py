@@ -109,13 +109,20 @@ def assert_logprobs_equal_hfs(hf, path: str, prompt: list[int]) -> None:
 def test_preemption_and_speculation_keep_the_tokens(moe_families, name):
     """Steps verifying several proposed tokens per sequence, and sequences preempted and recomputed
     (8 blocks' memory for six sequences of up to 150 tokens): the same tokens."""
+    _, path, prompts, reference = moe_families(name)
+    assert_preemption_and_speculation_keep_the_tokens(path, prompts, reference)
+
+
+def assert_preemption_and_speculation_keep_the_tokens(path: str, prompts: list[list[int]], reference,
+                                                      num_blocks: int = 8) -> None:
+    """Greedy tokens through an engine with `num_blocks` blocks' memory (preempting) that speculates
+    3 tokens by prompt lookup: `reference`, with some of each."""
     from test_speculative import eager
     from vinoserve.engine.speculative import SpeculativeConfig
 
-    _, path, prompts, reference = moe_families(name)
     spec = SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_max=3, prompt_lookup_min=1,
                              disable_by_batch_size=1024)
-    engine = eager(_engine(path, num_blocks=8, speculative=spec))
+    engine = eager(_engine(path, num_blocks=num_blocks, speculative=spec))
     assert _run(engine, prompts) == reference
     assert engine.scheduler.num_preemptions > 0 and engine.speculator.stats.num_draft_tokens > 0
 
