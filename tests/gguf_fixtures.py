@@ -11,16 +11,18 @@ from pathlib import Path
 import gguf
 import numpy as np
 import torch
-from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig, MixtralConfig,
-                          OlmoeConfig, Phi3Config, Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig)
+from transformers import (AutoModelForCausalLM, Gemma3TextConfig, GptOssConfig, LlamaConfig, MistralConfig,
+                          MixtralConfig, OlmoeConfig, Phi3Config, Qwen2Config, Qwen2MoeConfig, Qwen3Config,
+                          Qwen3MoeConfig)
 
 from vinoserve.bench import kquants as kquant_encoder
 
 _CONFIGS = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
             "gemma3": Gemma3TextConfig, "phi3": Phi3Config, "qwen3_moe": Qwen3MoeConfig, "mixtral": MixtralConfig,
-            "qwen2_moe": Qwen2MoeConfig, "olmoe": OlmoeConfig}
+            "qwen2_moe": Qwen2MoeConfig, "olmoe": OlmoeConfig, "gpt_oss": GptOssConfig}
 # Mistral's and Mixtral's GGUFs are llama; HF's MoE model types are spelled without the underscore
-_GGUF_ARCH = {"mistral": "llama", "mixtral": "llama", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe"}
+_GGUF_ARCH = {"mistral": "llama", "mixtral": "llama", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe",
+              "gpt_oss": "gpt-oss"}
 _PERMUTED = ("llama", "mistral", "mixtral")  # Q/K rows permuted for llama.cpp's GPT-J-style RoPE
 _ROUTERS = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")  # kept F32 by the converter and llama-quantize
 
@@ -103,9 +105,11 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_gguf(model, path: Path, arch: str = "llama", q8_0: tuple[str, ...] = (), vocab: Vocab = TINY_VOCAB,
-               quant: str | None = None, pooling: gguf.PoolingType | None = None) -> Path:
+               quant: str | None = None, pooling: gguf.PoolingType | None = None,
+               expert_quant: str | None = None) -> Path:
     """`q8_0`: GGUF tensor names to store as Q8_0 blocks. `quant`: a ggml type name (Q4_0, Q4_K,
-    ...) for every matrix, token table included. The rest: matrices f16, vectors f32. K-quants
+    ...) for every matrix, token table included; `expert_quant` for the `_exps` matrices only
+    (gpt-oss' MXFP4). The rest: matrices f16, vectors and biases f32. K-quants
     are written with scales whose products are exact f16s (kquant_encoder's `exact_scales`).
     `pooling`: the model is an embedder (LAST) or reranker (RANK), as `{arch}.pooling_type` says."""
     cfg = model.config
@@ -118,7 +122,11 @@ def write_gguf(model, path: Path, arch: str = "llama", q8_0: tuple[str, ...] = (
     _family_metadata(w, cfg, arch)
     _tokenizer(w, vocab)
     for out, a in _stored_tensors(model, arch, gguf_arch):
-        matrix = a.ndim >= 2 and out.split(".", 2)[-1] not in _ROUTERS
+        matrix = a.ndim >= 2 and out.split(".", 2)[-1] not in _ROUTERS and not out.endswith(".bias")
+        if expert_quant and matrix and "_exps." in out:
+            qtype = gguf.GGMLQuantizationType[expert_quant]
+            w.add_tensor(out, quantize(a, qtype), raw_dtype=qtype)
+            continue
         if out in q8_0 or (quant and matrix):
             qtype = gguf.GGMLQuantizationType[quant if quant and out not in q8_0 else "Q8_0"]
             w.add_tensor(out, quantize(a, qtype), raw_dtype=qtype)
@@ -151,6 +159,9 @@ def _stored_tensors(model, arch: str, gguf_arch: str):
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         a = t.numpy()
+        if arch == "gpt_oss" and (".mlp.experts." in name or name.endswith(".sinks")):
+            yield from _gpt_oss_tensor(name, a, names)
+            continue
         if ".mlp.experts." in name:
             layer = int(name.split(".layers.")[1].split(".")[0])
             if name.endswith("gate_up_proj"):
@@ -161,6 +172,22 @@ def _stored_tensors(model, arch: str, gguf_arch: str):
                 yield f"blk.{layer}.ffn_down_exps.weight", a
             continue
         yield names.get_name(name, try_suffixes=(".weight", ".bias")), _as_stored(a, name, arch, cfg)
+
+
+def _gpt_oss_tensor(name: str, a: np.ndarray, names):
+    """GptOssModel's renaming: sinks get `.weight`; experts (HF [E, in, out], gate and up rows
+    interleaved) become ffn_{gate,up,down}_exps [E, out, in] with their biases."""
+    if name.endswith(".sinks"):
+        yield names.get_name(name) + ".weight", a
+        return
+    layer = int(name.split(".layers.")[1].split(".")[0])
+    kind = "bias" if name.endswith("_bias") else "weight"
+    if "gate_up_proj" in name:
+        a = a if kind == "bias" else a.swapaxes(1, 2)
+        yield f"blk.{layer}.ffn_gate_exps.{kind}", np.ascontiguousarray(a[:, ::2])
+        yield f"blk.{layer}.ffn_up_exps.{kind}", np.ascontiguousarray(a[:, 1::2])
+    else:
+        yield f"blk.{layer}.ffn_down_exps.{kind}", a if kind == "bias" else np.ascontiguousarray(a.swapaxes(1, 2))
 
 
 def _as_stored(a: np.ndarray, name: str, arch: str, cfg) -> np.ndarray:
@@ -219,6 +246,18 @@ def _family_metadata(w: gguf.GGUFWriter, cfg, arch: str) -> None:
         if rope.get("long_factor"):
             scale = cfg.max_position_embeddings / orig
             w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0)
+    elif arch == "gpt_oss":  # TextModel's keys and GptOssModel's
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
+        w.add_rope_freq_base(rope["rope_theta"])
+        w.add_sliding_window(cfg.sliding_window)
+        w.add_expert_feed_forward_length(cfg.intermediate_size)
+        if rope.get("rope_type") == "yarn":
+            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            w.add_rope_scaling_factor(rope["factor"])
+            w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+            w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+            w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
     else:
         w.add_rope_freq_base(rope["rope_theta"])
         w.add_rope_dimension_count(cfg.head_dim)

@@ -121,7 +121,7 @@ def test_routing_keys_win_over_the_familys_defaults_and_zero_is_unset():
 
 # What each file type's experts are kept as in the compiled model (f16 is widened at f32 compute).
 KEPT = {T.F32: "f32", T.F16: "f32", T.Q8_0: "i8", T.Q4_0: "i4", T.Q4_K: "i4", T.Q4_1: "i4", T.Q5_0: "i8",
-        T.Q5_1: "i8", T.Q5_K: "i8", T.Q6_K: "i8"}
+        T.Q5_1: "i8", T.Q5_K: "i8", T.Q6_K: "i8", T.MXFP4: "i8"}
 WITH_MIN = (T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K)  # a minimum per block: a second product each
 
 

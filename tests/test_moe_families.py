@@ -47,14 +47,19 @@ def moe_families(tmp_path_factory):
         if name not in made:
             spec = MOE_FAMILIES[name]
             hf = tiny_hf_model(spec["arch"], **{k: v for k, v in spec.items() if k != "arch"})
-            path = write_gguf(hf, tmp_path_factory.mktemp(name) / f"{name}.gguf", spec["arch"])
-            rng = np.random.default_rng(3)
-            prompts = [rng.integers(0, hf.config.vocab_size, n).tolist() for n in (5, 70, 100, 130, 45, 90)]
-            prompts[3] = prompts[1] + prompts[3][len(prompts[1]):]
-            prompts[5] = prompts[1][:64] + prompts[5][64:]
-            made[name] = hf, str(path), prompts, [hf_greedy(hf, p, MAX_TOKENS) for p in prompts]
+            made[name] = staggered_case(hf, write_gguf(hf, tmp_path_factory.mktemp(name) / f"{name}.gguf",
+                                                       spec["arch"]), seed=3)
         return made[name]
     return get
+
+
+def staggered_case(hf, path, seed: int) -> tuple:
+    """(HF model, GGUF path, six prompts of 5-130 tokens, 3 and 5 extending 1, HF's greedy tokens)."""
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(0, hf.config.vocab_size, n).tolist() for n in (5, 70, 100, 130, 45, 90)]
+    prompts[3] = prompts[1] + prompts[3][len(prompts[1]):]
+    prompts[5] = prompts[1][:64] + prompts[5][64:]
+    return hf, str(path), prompts, [hf_greedy(hf, p, MAX_TOKENS) for p in prompts]
 
 
 @pytest.mark.parametrize("name", MOE_FAMILIES)
@@ -71,12 +76,18 @@ def test_greedy_equals_hf_over_staggered_prompts(moe_families, name):
 def test_logprobs_and_prompt_logprobs_equal_hfs(moe_families, name):
     """Each generated token's top-5 logprobs, and each prompt token's, within 1e-4 of transformers'
     log-softmax at f32 over the same sequence."""
+    hf, path, prompts, _ = moe_families(name)
+    assert_logprobs_equal_hfs(hf, path, prompts[2])
+
+
+def assert_logprobs_equal_hfs(hf, path: str, prompt: list[int]) -> None:
+    """8 greedy tokens' top-5 logprobs and the prompt's through the engine at f32, within 1e-4 of
+    transformers' log-softmax over the same sequence."""
     import torch
 
-    hf, path, prompts, _ = moe_families(name)
     engine = _engine(path)
-    engine.add_request("r", prompts[2], SamplingParams(max_tokens=8, temperature=0, logprobs=5, prompt_logprobs=5,
-                                                       ignore_eos=True))
+    engine.add_request("r", prompt, SamplingParams(max_tokens=8, temperature=0, logprobs=5, prompt_logprobs=5,
+                                                   ignore_eos=True))
     outs = []
     while engine.has_unfinished_requests:
         outs += engine.step()
@@ -84,9 +95,9 @@ def test_logprobs_and_prompt_logprobs_equal_hfs(moe_families, name):
     generated = [lp for o in outs for lp in (o.new_logprobs or [])]
     prompt_lps = next(o.prompt_logprobs for o in outs if o.prompt_logprobs)
     with torch.no_grad():
-        ref = torch.log_softmax(hf(torch.tensor([prompts[2] + tokens])).logits[0].double(), -1).numpy()
-    start = len(prompts[2]) - 1
-    assert len(generated) == len(tokens) == 8 and len(prompt_lps) == len(prompts[2])
+        ref = torch.log_softmax(hf(torch.tensor([prompt + tokens])).logits[0].double(), -1).numpy()
+    start = len(prompt) - 1
+    assert len(generated) == len(tokens) == 8 and len(prompt_lps) == len(prompt)
     assert all(len(entry[1]) >= 5 for entry in generated + prompt_lps[1:])  # (logprob, top[, rank])
     for row, (_, top) in zip(ref[start:], generated):
         assert max(abs(lp - row[token]) for token, lp in top) < 1e-4
@@ -98,13 +109,20 @@ def test_logprobs_and_prompt_logprobs_equal_hfs(moe_families, name):
 def test_preemption_and_speculation_keep_the_tokens(moe_families, name):
     """Steps verifying several proposed tokens per sequence, and sequences preempted and recomputed
     (8 blocks' memory for six sequences of up to 150 tokens): the same tokens."""
+    _, path, prompts, reference = moe_families(name)
+    assert_preemption_and_speculation_keep_the_tokens(path, prompts, reference)
+
+
+def assert_preemption_and_speculation_keep_the_tokens(path: str, prompts: list[list[int]], reference,
+                                                      num_blocks: int = 8) -> None:
+    """Greedy tokens through an engine with `num_blocks` blocks' memory (preempting) that speculates
+    3 tokens by prompt lookup: `reference`, with some of each."""
     from test_speculative import eager
     from vinoserve.engine.speculative import SpeculativeConfig
 
-    _, path, prompts, reference = moe_families(name)
     spec = SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_max=3, prompt_lookup_min=1,
                              disable_by_batch_size=1024)
-    engine = eager(_engine(path, num_blocks=8, speculative=spec))
+    engine = eager(_engine(path, num_blocks=num_blocks, speculative=spec))
     assert _run(engine, prompts) == reference
     assert engine.scheduler.num_preemptions > 0 and engine.speculator.stats.num_draft_tokens > 0
 
@@ -116,16 +134,24 @@ def test_llama_cpp_reads_our_moe_ggufs_and_writes_transformers_greedy_text(name,
     text (end-of-generation tokens masked in both, as its ignore_eos does)."""
     import dataclasses
 
-    import torch
-
-    xllamacpp = pytest.importorskip("xllamacpp")
-    from gguf_fixtures import BYTE_TOKENS, TINY_VOCAB
+    from gguf_fixtures import TINY_VOCAB
 
     spec = MOE_FAMILIES[name]
     hf = tiny_hf_model(spec["arch"], **{k: v for k, v in spec.items() if k != "arch"})
     vocab = dataclasses.replace(TINY_VOCAB, pre="default")
+    assert_llama_cpp_writes_hfs_greedy_text(hf, write_gguf(hf, tmp_path / "m.gguf", spec["arch"], vocab=vocab), vocab)
+
+
+def assert_llama_cpp_writes_hfs_greedy_text(hf, path, vocab) -> None:
+    """llama.cpp (xllamacpp) loads the file and generates 12 tokens of transformers' greedy text
+    after a 30-token prompt (end-of-generation tokens masked in both, as its ignore_eos does)."""
+    import torch
+
+    xllamacpp = pytest.importorskip("xllamacpp")
+    from gguf_fixtures import BYTE_TOKENS
+
     params = xllamacpp.CommonParams()
-    params.model.path = str(write_gguf(hf, tmp_path / "m.gguf", spec["arch"], vocab=vocab))
+    params.model.path = str(path)
     params.n_ctx, params.n_parallel = 256, 1
     params.cpuparams.n_threads = params.cpuparams_batch.n_threads = 1
     prompt = np.random.default_rng(3).integers(0, hf.config.vocab_size, 30).tolist()
@@ -230,7 +256,6 @@ def test_logits_after_eviction_and_rotation_equal_a_fresh_run_on_the_survivors(n
     """Cache eviction re-rotates the kept keys with the family's RoPE (one layer: the survivors'
     K/V do not depend on what was evicted, so a fresh run on them is the exact reference)."""
     import torch
-
     from test_eviction import _engine as eviction_engine
     from test_eviction import _run as run_one
 

@@ -1,9 +1,9 @@
 """GGUFs with random weights at the sizes users serve, for speed and memory figures: Llama shapes
-and mixtures of experts (OLMoE-1B-7B's, Qwen3-30B-A3B's).
+and mixtures of experts (OLMoE-1B-7B's, Qwen3-30B-A3B's, gpt-oss-20b's).
 
 The 135M built-in model fits in cache and hides what bytes per weight cost; these do not. Names
-`<arch>-<shape>-<type>-random` (e.g. `llama-1.5b-q4_0-random`, `qwen3moe-30b-a3b-q4_k_m-random`)
-are accepted as `--model` by `vinoserve bench engine` and `vinoserve bench llamacpp`; the file is
+`<arch>-<shape>-<type>-random` (e.g. `llama-1.5b-q4_0-random`, `qwen3moe-30b-a3b-q4_k_m-random`,
+`gpt-oss-20b-mxfp4-random`) are accepted as `--model` by `vinoserve bench engine` and `vinoserve bench llamacpp`; the file is
 written once into the cache's bench/ directory. Shapes follow public configs; the vocabulary and
 tokenizer are SmolLM2's (from the built-in GGUF), so prompts are real text. Weights ~N(0, 0.02),
 norms 1: the text is noise, the timing is real (a random router spreads tokens over the experts
@@ -54,9 +54,15 @@ class Shape:
 MOE_SHAPES = {
     "1b-7b": Shape("olmoe", 2048, 16, 16, 16, 128, 1024, 10000.0, 64, 8, "full"),  # OLMoE-1B-7B-0924
     "30b-a3b": Shape("qwen3moe", 2048, 48, 32, 4, 128, 768, 1e6, 128, 8, "head"),  # Qwen3-30B-A3B
+    "20b": Shape("gpt-oss", 2880, 24, 64, 8, 64, 2880, 150000.0, 32, 4),  # gpt-oss-20b
 }
 # what gguf-py can quantize, and llama.cpp's commonest mix (our K-quant writer, kquants.py)
 TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "f16", "q4_k_m")
+# gpt-oss as OpenAI ships it: MXFP4 experts (the other matrices Q8_0 here: their size, not their timing,
+# is what Q8_0 or the checkpoint's BF16 would change much)
+GPT_OSS_TYPES = ("mxfp4",)
+_GPT_OSS_WINDOW = 128
+_GPT_OSS_YARN = (32.0, 4096)  # factor, trained context
 
 # (tensor name, float32 values) -> (raw data, ggml type): how each matrix is stored
 Encoder = Callable[[str, np.ndarray], tuple[np.ndarray, gguf.GGMLQuantizationType]]
@@ -69,7 +75,8 @@ def names() -> list[str]:
 def _catalogue() -> dict[str, tuple[str, str]]:
     """name -> (shape, type) of every random model."""
     arch = {s: "llama" for s in SHAPES} | {s: m.arch for s, m in MOE_SHAPES.items()}
-    return {f"{arch[s]}-{s}-{t}-random": (s, t) for s in arch for t in TYPES}
+    return {f"{arch[s]}-{s}-{t}-random": (s, t) for s in arch
+            for t in (GPT_OSS_TYPES if arch[s] == "gpt-oss" else TYPES)}
 
 
 def one_type(qtype: gguf.GGMLQuantizationType) -> Encoder:
@@ -88,7 +95,8 @@ def resolve(model: str) -> str:
     if not path.is_file():
         shape, qtype = found
         layers = MOE_SHAPES[shape].layers if shape in MOE_SHAPES else SHAPES[shape][1]
-        encode = q4_k_m(layers) if qtype == "q4_k_m" else one_type(gguf.GGMLQuantizationType[qtype.upper()])
+        encode = q4_k_m(layers) if qtype == "q4_k_m" else mxfp4_experts() if qtype == "mxfp4" else \
+            one_type(gguf.GGMLQuantizationType[qtype.upper()])
         write(path, shape, encode)
     return str(path)
 
@@ -113,6 +121,13 @@ def q4_k_m(layers: int) -> Encoder:
             qtype = T.Q6_K
         return kquants.quantize(x, qtype), qtype
     return encode
+
+
+def mxfp4_experts() -> Encoder:
+    """gpt-oss' GGUFs: the experts MXFP4, every other matrix Q8_0."""
+    T = gguf.GGMLQuantizationType
+    experts, rest = one_type(T.MXFP4), one_type(T.Q8_0)
+    return lambda name, x: (experts if "_exps." in name else rest)(name, x)
 
 
 def write(path: Path, shape: str, encode: Encoder, log=print) -> Path:
@@ -174,15 +189,23 @@ def _metadata(w: gguf.GGUFWriter, dims: Shape) -> None:
         w.add_expert_count(dims.experts)
         w.add_expert_used_count(dims.used)
         w.add_expert_feed_forward_length(dims.ffn)
+    if dims.arch == "gpt-oss":
+        w.add_sliding_window(_GPT_OSS_WINDOW)
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(_GPT_OSS_YARN[0])
+        w.add_rope_scaling_orig_ctx_len(_GPT_OSS_YARN[1])
 
 
 def _layer(w: gguf.GGUFWriter, dims: Shape, p: str, mat: Callable, rng: np.random.Generator) -> None:
     q, kv = dims.heads * dims.head_size, dims.kv_heads * dims.head_size
+    gpt_oss = dims.arch == "gpt-oss"  # its FFN norm is named for following attention
     w.add_tensor(p + "attn_norm.weight", np.ones(dims.hidden, np.float32))
-    w.add_tensor(p + "ffn_norm.weight", np.ones(dims.hidden, np.float32))
+    w.add_tensor(p + ("post_attention_norm" if gpt_oss else "ffn_norm") + ".weight", np.ones(dims.hidden, np.float32))
     for name, rows, cols in [("attn_q", q, dims.hidden), ("attn_k", kv, dims.hidden), ("attn_v", kv, dims.hidden),
                              ("attn_output", dims.hidden, q)]:
         mat(f"{p}{name}.weight", rows, cols)
+    if gpt_oss:
+        _gpt_oss_vectors(w, dims, p, rng)
     if dims.qk_norm:
         sizes = (dims.head_size, dims.head_size) if dims.qk_norm == "head" else (q, kv)
         for name, size in zip(("attn_q_norm", "attn_k_norm"), sizes):
@@ -197,6 +220,17 @@ def _layer(w: gguf.GGUFWriter, dims: Shape, p: str, mat: Callable, rng: np.rando
     for name, rows, cols in [("ffn_gate_exps", dims.ffn, dims.hidden), ("ffn_up_exps", dims.ffn, dims.hidden),
                              ("ffn_down_exps", dims.hidden, dims.ffn)]:
         mat(f"{p}{name}.weight", rows, cols, count=dims.experts)
+
+
+def _gpt_oss_vectors(w: gguf.GGUFWriter, dims: Shape, p: str, rng: np.random.Generator) -> None:
+    """Biases on attention, router and experts; a sink logit per head."""
+    q, kv = dims.heads * dims.head_size, dims.kv_heads * dims.head_size
+    biases = {"attn_q": q, "attn_k": kv, "attn_v": kv, "attn_output": dims.hidden, "ffn_gate_inp": dims.experts}
+    for name, size in biases.items():
+        w.add_tensor(f"{p}{name}.bias", rng.standard_normal(size, dtype=np.float32) * 0.02)
+    for name, size in (("ffn_gate_exps", dims.ffn), ("ffn_up_exps", dims.ffn), ("ffn_down_exps", dims.hidden)):
+        w.add_tensor(f"{p}{name}.bias", rng.standard_normal((dims.experts, size), dtype=np.float32) * 0.02)
+    w.add_tensor(p + "attn_sinks.weight", rng.standard_normal(dims.heads, dtype=np.float32))
 
 
 def _copy_tokenizer(src: gguf.GGUFReader, w: gguf.GGUFWriter) -> None:

@@ -14,8 +14,11 @@ import openvino as ov
 import openvino.opset13 as ops
 from openvino import opset6
 from openvino.op.util import Variable, VariableInfo
+from openvino.utils.node_factory import NodeFactory
 
 from vinoserve.model.rope import RopeConfig
+
+_OPSET13 = NodeFactory("opset13")
 
 
 def const(value, dtype=np.int64) -> ov.Output:
@@ -49,12 +52,31 @@ ACTIVATIONS = {
     "silu": lambda x: ops.swish(x),
     "gelu_pytorch_tanh": lambda x: ops.gelu(x, approximation_mode="tanh"),
 }
+# gpt-oss' experts (HF's GptOssExperts._apply_gate, llama.cpp's swiglu_oai): constants in both,
+# no config or GGUF key sets them.
+SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0
+
+
+def _swiglu_oai(gate: ov.Output, up: ov.Output) -> ov.Output:
+    """gate clamped above, up on both sides, gate * sigmoid(alpha gate) * (up + 1): a Swish with
+    beta alpha, the form the CPU plugin's MoE patterns take for gpt-oss."""
+    gate = ops.minimum(gate, const(SWIGLU_OAI_LIMIT, np.float32))
+    up = ops.clamp(up, -SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT)
+    glu = ops.swish(gate, const(SWIGLU_OAI_ALPHA, np.float32))
+    return ops.multiply(glu, ops.add(up, const(1.0, np.float32))).output(0)
+
+
+def glu(activation: str, gate: ov.Output, up: ov.Output) -> ov.Output:
+    """A gated FFN's hidden activation from its gate and up products: act(gate) * up for the
+    names in ACTIVATIONS, or gpt-oss' clamped SwiGLU ("swiglu_oai")."""
+    if activation == "swiglu_oai":
+        return _swiglu_oai(gate, up)
+    return ops.multiply(ACTIVATIONS[activation](gate), up).output(0)
 
 
 def gated_ffn(x: ov.Output, gate: ov.Output, up: ov.Output, down: ov.Output, activation: str) -> ov.Output:
     """down(act(gate(x)) * up(x))"""
-    act = ACTIVATIONS[activation](linear(x, gate))
-    return linear(ops.multiply(act, linear(x, up)), down)
+    return linear(glu(activation, linear(x, gate), linear(x, up)), down)
 
 
 # Slices end at INT32_MAX, the half is negated by a Multiply with -1 and concatenated on axis -1:
@@ -177,11 +199,14 @@ def _repeat_kv(x: ov.Output, num_heads: int, num_kv_heads: int, head_size: int) 
 
 
 def attention(q: ov.Output, k: ov.Output, v: ov.Output, layer: int, inputs: Inputs, num_kv_heads: int,
-              scale: float | None = None, window: int = 0) -> tuple[ov.Output, list[ov.Node]]:
+              scale: float | None = None, window: int = 0,
+              sinks: np.ndarray | None = None) -> tuple[ov.Output, list[ov.Node]]:
     """Attention of q [B, H, L, S] over this layer's KV state extended by k, v [B, Hkv, L, S]:
-    [B, L, H*S], and the state's Assign nodes. `scale` None is 1/sqrt(S). The transformation
-    rewrites all of it into one PagedAttention op, which reads the scale from here and takes
-    the window from paged.to_paged (the mask's form is not one it recognises)."""
+    [B, L, H*S], and the state's Assign nodes. `scale` None is 1/sqrt(S). `sinks` [H]: a learned
+    logit per head that joins each softmax's denominator and no value (gpt-oss). The
+    transformation rewrites all of it into one PagedAttention op, which reads the scale and the
+    sinks (its input 20) from here and takes the window from paged.to_paged (the mask's form is
+    not one it recognises)."""
     num_heads, head_size = q.get_partial_shape()[1].get_length(), q.get_partial_shape()[3].get_length()
     k_all, k_sink = _kv_state(f"past_key_values.{layer}.keypresent.{layer}.key", k, inputs.beam_idx,
                               num_kv_heads, head_size)
@@ -189,7 +214,11 @@ def attention(q: ov.Output, k: ov.Output, v: ov.Output, layer: int, inputs: Inpu
                               num_kv_heads, head_size)
     args = [q, _repeat_kv(k_all, num_heads, num_kv_heads, head_size),
             _repeat_kv(v_all, num_heads, num_kv_heads, head_size), inputs.mask(window)]
-    if scale is not None:
-        args.append(const(scale, np.float32))
-    out = ops.scaled_dot_product_attention(*args, causal=False)
-    return merge_heads(out, num_heads, head_size), [k_sink, v_sink]
+    if scale is not None or sinks is not None:
+        args.append(const(head_size ** -0.5 if scale is None else scale, np.float32))
+    if sinks is None:
+        out = ops.scaled_dot_product_attention(*args, causal=False)
+    else:  # opset13's Python wrapper takes no sinks; the op (and the transformation) does, as a 6th input
+        args.append(const(np.asarray(sinks, np.float32).reshape(1, num_heads, 1, 1), np.float32))
+        out = _OPSET13.create("ScaledDotProductAttention", args, {"causal": False})
+    return merge_heads(out.output(0), num_heads, head_size), [k_sink, v_sink]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from vinoserve.model.rope import RopeConfig, longrope
+from vinoserve.model.rope import RopeConfig, longrope, yarn_attention_factor
 
 
 class Gating(IntEnum):
@@ -161,8 +161,10 @@ def rope_from_hf(d: dict, head_size: int, max_context: int) -> RopeConfig:
         original = scaling.get("original_max_position_embeddings", d.get("original_max_position_embeddings"))
         return longrope(theta, rope_dim, scaling["short_factor"], scaling["long_factor"], int(original),
                         max_context, scaling.get("attention_factor"))
+    kind = scaling.get("rope_type", scaling.get("type")) if scaling else None
+    default_factor = yarn_attention_factor(scaling) if kind == "yarn" else 1.0
     return RopeConfig(theta=theta, dim=rope_dim, scaling=scaling, freq_factors=tuple(factors) if factors else None,
-                      attention_factor=float(d.get("vinoserve_rope_attention_factor", 1.0)))
+                      attention_factor=float(d.get("vinoserve_rope_attention_factor", default_factor)))
 
 
 def sliding_windows_from_hf(d: dict, num_layers: int, max_context: int) -> tuple[int, ...]:

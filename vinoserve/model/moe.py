@@ -1,4 +1,4 @@
-"""A mixture-of-experts FFN (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): a router picks `used` of
+"""A mixture-of-experts FFN (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, gpt-oss): a router picks `used` of
 `count` experts for each token, each picked expert runs its gated FFN on the token, and the
 token's output is their sum weighted by the router (llama.cpp's build_moe_ffn).
 
@@ -29,7 +29,7 @@ import openvino as ov
 import openvino.opset13 as ops
 import openvino.opset17 as opset17
 
-from vinoserve.model.blocks import ACTIVATIONS, const
+from vinoserve.model.blocks import const, glu
 from vinoserve.model.config import ExpertRouting, Gating
 
 
@@ -37,16 +37,21 @@ from vinoserve.model.config import ExpertRouting, Gating
 class ExpertMatrices:
     """One projection of every expert: `values` f32 [E, N, K]; `offsets` f32 [E, N, K / group]
     where the file's type stores a minimum per block, kept out of `values` because the plugin's
-    compressed weights take no such term (block_offsets.py says why, for plain matrices)."""
+    compressed weights take no such term (block_offsets.py says why, for plain matrices);
+    `bias` f32 [E, N], each expert's own (gpt-oss)."""
 
     values: ov.Output
     offsets: ov.Output | None = None
+    bias: np.ndarray | None = None
 
 
-def route(x: ov.Output, router: np.ndarray, routing: ExpertRouting) -> tuple[ov.Output, ov.Output]:
-    """x [T, H], router [E, H] -> each token's experts i32 [T, used] and their weights f32
-    [T, used], highest first. The router stays f32: a rounded logit can swap two experts."""
+def route(x: ov.Output, router: np.ndarray, routing: ExpertRouting,
+          bias: np.ndarray | None = None) -> tuple[ov.Output, ov.Output]:
+    """x [T, H], router [E, H] (and its bias [E]) -> each token's experts i32 [T, used] and their
+    weights f32 [T, used], highest first. The router stays f32: a rounded logit can swap two experts."""
     logits = ops.matmul(x, const(router, np.float32), transpose_a=False, transpose_b=True)
+    if bias is not None:
+        logits = ops.add(logits, const(bias, np.float32))
     k = const(routing.used, np.int32)
     if routing.gating == Gating.SOFTMAX_SELECTED:
         top = ops.topk(logits, k, -1, "max", "value", "i32")
@@ -63,15 +68,24 @@ def route(x: ov.Output, router: np.ndarray, routing: ExpertRouting) -> tuple[ov.
 
 
 def expert_ffn(x: ov.Output, router: np.ndarray, routing: ExpertRouting, gate: ExpertMatrices,
-               up: ExpertMatrices, down: ExpertMatrices, activation: str) -> ov.Output:
-    """x [B, L, H] -> sum over each token's experts of weight * down(act(gate(x)) * up(x))."""
+               up: ExpertMatrices, down: ExpertMatrices, activation: str,
+               router_bias: np.ndarray | None = None) -> ov.Output:
+    """x [B, L, H] -> sum over each token's experts of weight * down(act(gate(x)) * up(x))
+    (`activation` as blocks.glu names it)."""
     hidden = x.get_partial_shape()[-1].get_length()
     flat = ops.reshape(x, const([-1, hidden]), special_zero=False)
-    experts, weights = route(flat, router, routing)
+    experts, weights = route(flat, router, routing, router_bias)
     order, ends = _by_expert(experts, routing.count)
     rows = ops.gather(flat, ops.divide(order, const(routing.used, np.int32)), const(0))  # pair -> its token
-    act = ACTIVATIONS[activation](_product(rows, gate, ends))
-    out = _product(ops.multiply(act, _product(rows, up, ends)), down, ends)
+    row_experts = ops.gather(ops.reshape(experts, const([-1]), special_zero=False), order, const(0)).output(0)
+
+    def product(a: ov.Output, m: ExpertMatrices) -> ov.Output:
+        y = _product(a, m, ends)
+        if m.bias is None:
+            return y
+        return ops.add(y, ops.gather(const(m.bias, np.float32), row_experts, const(0))).output(0)
+
+    out = product(glu(activation, product(rows, gate), product(rows, up)), down)
     # row i of `out` is pair order[i]: back to (token, choice) order, then the weighted sum
     pairs = ops.scatter_update(ops.broadcast(const(0.0, np.float32), ops.shape_of(out)), order, out, const(0))
     per_token = ops.reshape(pairs, const([-1, routing.used, hidden]), special_zero=False)

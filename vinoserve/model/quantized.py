@@ -16,6 +16,7 @@ rows at a time, never through a float copy of the tensor.
 | Q5_1 | i8 (q - 16), groups of 32, f32 offset min + 16 d | likewise |
 | Q4_K | i4 (q - 8), groups of 32, f32 scale d * sc, f32 offset 8 d * sc - dmin * m | likewise |
 | Q5_K | i8 (q - 16), groups of 32, f32 scale d * sc, f32 offset 16 d * sc - dmin * m | likewise |
+| MXFP4 | i8 (twice the e2m1 value, -12..12), groups of 32, f32 scale 2^(e - 128) | yes |
 
 Types with a minimum are centred (q - 8, the min moved by 8 steps): the offset's product is
 computed apart (block_offsets), and with the file's unsigned q every weight of a group leans one
@@ -27,6 +28,12 @@ d has 11 and the sub-scale 6) moved a llama-quantize Q4_K_M's logits by up to 0.
 transformers' f32 reading of it, so the K-quants' products stay f32; the CPU plugin turns every
 scale into f32 when it compiles a compressed matmul, so that costs the IR's size (+0.5 bit a
 weight), not speed.
+
+MXFP4 (gpt-oss' experts) has no exact 4-bit integer form (its values 0, 0.5, 1, 1.5, 2, 3, 4, 6 are
+not evenly spaced). OpenVINO's f4e2m1 constant with an f8e8m0 scale is exact, but on 2026.4.1 the
+CPU plugin decompressed the whole [E, N, K] tensor to f32 on every call in front of GatherMatmul
+(a Convert and a Multiply, no GatherMatmulCompressed), so it is kept as i8 (llama.cpp's doubled
+table, the scale halved to match) at 8 bits a weight plus 1 for the scale.
 
 Other types (Q2_K, Q3_K, the IQ types, ...) are not kept: `Weights` dequantizes them.
 Offsets do not fit the plugin's compressed-weight pattern; `block_offsets` moves them out of the
@@ -163,10 +170,20 @@ def _q6_k(b: np.ndarray) -> Blocks:
     return Blocks(ov.Type.i8, q, (d * sub)[..., None])
 
 
+_MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)  # ggml's kvalues_mxfp4
+
+
+def _mxfp4(b: np.ndarray) -> Blocks:
+    # An E8M0 byte e is 2^(e - 127); the values are doubled, so the scale is 2^(e - 128), an f32
+    # (subnormal for e < 2, as ggml's e8m0_to_fp32_half makes it).
+    scale = np.ldexp(np.float32(1), b[..., :1].astype(np.int32) - 128).astype(np.float32)
+    return Blocks(ov.Type.i8, _MXFP4_VALUES[_low_nibbles(b[..., 1:])], scale)
+
+
 # ggml type -> unpacker of raw blocks [rows, blocks, bytes per block] into one group layout.
 LAYOUTS: dict[T, Callable[[np.ndarray], Blocks]] = {
     T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0,
-    T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k,
+    T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k, T.MXFP4: _mxfp4,
 }
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-SUPPORTED_SCALING = ("linear", "llama3")
+SUPPORTED_SCALING = ("linear", "llama3", "yarn")
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class RopeConfig:
 
     theta: float
     dim: int
-    scaling: dict | None = None  # HF `rope_scaling` dict: {"rope_type": "linear"|"llama3", ...}
+    scaling: dict | None = None  # HF `rope_scaling` dict: {"rope_type": "linear"|"llama3"|"yarn", ...}
     # Per-frequency divisors as llama.cpp stores them (`rope_freqs.weight`, Llama 3.1 GGUFs;
     # LongRoPE's short or long factors).
     freq_factors: tuple[float, ...] | None = field(default=None, repr=False)
@@ -51,6 +51,8 @@ class RopeConfig:
             inv = inv / float(self.scaling["factor"])
         elif kind == "llama3":
             inv = _llama3_scale(inv, self.scaling)
+        elif kind == "yarn":
+            inv = _yarn_scale(inv, self.dim, self.theta, self.scaling)
         return inv
 
 
@@ -65,6 +67,32 @@ def _llama3_scale(inv: np.ndarray, s: dict) -> np.ndarray:
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return np.where(is_medium, smoothed, scaled)
+
+
+def _yarn_scale(inv: np.ndarray, dim: int, theta: float, s: dict) -> np.ndarray:
+    """YaRN (HF's _compute_yarn_parameters, llama.cpp's ggml_rope_yarn_corr_dims and rope_yarn):
+    frequencies above `beta_fast` rotations over the trained context kept, those below
+    `beta_slow` divided by the factor, a linear ramp between. `truncate` (HF's default) rounds the
+    ramp's ends outwards, as llama.cpp always does; gpt-oss' config turns it off."""
+    factor, orig = float(s["factor"]), float(s["original_max_position_embeddings"])
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(float(s.get("beta_fast") or 32)), correction_dim(float(s.get("beta_slow") or 1))
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / max(high - low, 0.001), 0, 1)
+    return inv / factor * ramp + inv * (1 - ramp)
+
+
+def yarn_attention_factor(s: dict) -> float:
+    """YaRN's scale of cos and sin: the config's `attention_factor`, else 0.1 ln(factor) + 1 (mscale)."""
+    if s.get("attention_factor") is not None:
+        return float(s["attention_factor"])
+    factor = float(s["factor"])
+    return 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
 def longrope(theta: float, dim: int, short: list[float], long: list[float], original_context: int,

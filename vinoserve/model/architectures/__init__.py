@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from vinoserve.model.architectures.decoder import Decoder, WeightSource
 from vinoserve.model.architectures.gemma3 import Gemma3
+from vinoserve.model.architectures.gpt_oss import GptOss
 from vinoserve.model.architectures.llama import Llama
 from vinoserve.model.architectures.olmoe import Olmoe
 from vinoserve.model.architectures.phi3 import Phi3
@@ -13,7 +14,7 @@ from vinoserve.model.architectures.qwen3 import Qwen3
 from vinoserve.model.architectures.qwen3moe import Qwen3Moe
 from vinoserve.model.errors import ModelLoadError
 
-FAMILIES: tuple[type[Decoder], ...] = (Llama, Qwen2, Qwen3, Gemma3, Phi3, Qwen3Moe, Qwen2Moe, Olmoe)
+FAMILIES: tuple[type[Decoder], ...] = (Llama, Qwen2, Qwen3, Gemma3, Phi3, Qwen3Moe, Qwen2Moe, Olmoe, GptOss)
 _BY_GGUF = {f.gguf_architecture: f for f in FAMILIES}
 
 __all__ = ["FAMILIES", "Decoder", "WeightSource", "for_gguf"]

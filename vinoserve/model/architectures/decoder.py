@@ -19,7 +19,7 @@ from vinoserve.model import blocks, moe
 from vinoserve.model.config import ExpertRouting, Gating, ModelConfig
 from vinoserve.model.errors import ModelLoadError
 from vinoserve.model.gguf_file import GGUFMeta, GGUFTensor
-from vinoserve.model.rope import RopeConfig
+from vinoserve.model.rope import RopeConfig, yarn_attention_factor
 from vinoserve.model.weights import Weights
 
 # name -> the tensor as the file holds it, rows in HF order; GGUF names (blk.N.attn_q.weight, ...).
@@ -48,11 +48,13 @@ class Decoder:
         head_size = int(meta.key("attention.key_length", hidden // heads))
         vocab = meta.key("vocab_size") or len(meta.reader.fields["tokenizer.ggml.tokens"].data)
         rope_freqs = meta.tensors.get("rope_freqs.weight")
+        scaling = _rope_scaling(meta)
         rope = RopeConfig(
             theta=float(meta.key("rope.freq_base", 10000.0)),
             dim=int(meta.key("rope.dimension_count", head_size)),
-            scaling=_rope_scaling(meta),
+            scaling=scaling,
             freq_factors=tuple(float(x) for x in np.asarray(rope_freqs.data, np.float32)) if rope_freqs else None,
+            attention_factor=yarn_attention_factor(scaling) if scaling and scaling["rope_type"] == "yarn" else 1.0,
         )
         eos = [meta.field(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
         return ModelConfig(
@@ -134,9 +136,17 @@ class Decoder:
         rope = self.inputs.rope(cfg.rope_of(i))
         out, sinks = blocks.attention(rope.apply(q, cfg.head_size), rope.apply(k, cfg.head_size),
                                       blocks.heads(v, cfg.num_kv_heads, cfg.head_size), i, self.inputs,
-                                      cfg.num_kv_heads, cfg.attention_scale, cfg.window(i))
+                                      cfg.num_kv_heads, cfg.attention_scale, cfg.window(i), self.attention_sinks(i))
         self.sinks += sinks
-        return blocks.linear(out, self.matrix(p + "attn_output.weight"))
+        return blocks.linear(out, self.matrix(p + "attn_output.weight"), self.output_bias(i))
+
+    def attention_sinks(self, i: int) -> np.ndarray | None:
+        """Each head's learned softmax sink logit [H] (gpt-oss); None: none."""
+        return None
+
+    def output_bias(self, i: int) -> np.ndarray | None:
+        """The attention output projection's bias (gpt-oss); None: none."""
+        return None
 
     def qkv(self, h: ov.Output, i: int) -> tuple[ov.Output, ov.Output, ov.Output]:
         """q, k, v [B, L, heads * S]."""
@@ -196,4 +206,7 @@ def _rope_scaling(meta: GGUFMeta) -> dict | None:
     orig = meta.key("rope.scaling.original_context_length")
     if orig is not None:
         scaling["original_max_position_embeddings"] = int(orig)
+    for beta in ("beta_fast", "beta_slow"):  # YaRN's, where the converter found them in the config
+        if meta.key(f"rope.scaling.yarn_{beta}") is not None:
+            scaling[beta] = float(meta.key(f"rope.scaling.yarn_{beta}"))
     return scaling
