@@ -21,6 +21,7 @@ DEFAULT_KV_MEMORY_FRACTION = 0.25
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = None  # None: the built-in default model
+    mmproj: str | None = None  # a vision projector GGUF: the model takes images (None: one found beside it)
     weight_format: WeightFormat = "auto"
     compile: CompileOptions = field(default_factory=CompileOptions)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
