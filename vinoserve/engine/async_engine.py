@@ -140,7 +140,7 @@ class AsyncLLMEngine:
     @property
     def vision(self) -> VisionModel | None:
         """The model's vision tower and projector, where it takes images (--mmproj)."""
-        return self.engine.vision
+        return self.engine.model.vision
 
     @property
     def tokenizer(self) -> Tokenizer:

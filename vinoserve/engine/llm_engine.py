@@ -22,7 +22,6 @@ from vinoserve.engine.request_state import Pick, RequestState, sample
 from vinoserve.engine.speculative import Speculator
 from vinoserve.engine.step_plan import Launch, SamplingRow
 from vinoserve.engine.text_output import TextOutput
-from vinoserve.engine.vision_setup import load_projector
 from vinoserve.engine.warm_up import warm_up
 from vinoserve.memory import release_freed_heap
 from vinoserve.model.cpu_class import this_cpu
@@ -44,11 +43,9 @@ class LLMEngine:
     def __init__(self, config: EngineConfig = EngineConfig(), log=print) -> None:
         self.config = config
         options = config.compile_options()
-        self.model: LoadedModel = load_model(config.model, options, config.weight_format, log)
+        self.model: LoadedModel = load_model(config.model, options, config.weight_format, log, config.projector)
         self.tokenizer = self.model.tokenizer
         paged, layers = self.model.paged, self.model.config.num_layers
-        self.vision = load_projector(config.model, config.mmproj, self.model.config.hidden_size,
-                                     paged.inference_precision, log)
         evicting = config.cache_eviction is not None
         salt = salt_hash(config.model, config.weight_format, options, paged.block_size, paged.layout.key_type.get_type_name(),
                          paged.layout.value_type.get_type_name()) if config.prefix_caching else None

@@ -24,8 +24,8 @@ from vinoserve.server.media import MediaPolicy, image_bytes
 # Where an image part stood in a message: per process and unguessable, so text a user sends cannot
 # pose as an image.
 MARKER = f"<__vinoserve_image_{uuid.uuid4().hex[:12]}__>"
-# The token each family's processor puts where image rows go (HF's image_token): the rows replace
-# it, but a repetition penalty counts it as HF's does. Absent from the vocabulary: token 0.
+# The token each family's HF processor writes where image rows go (its image_token): the rows
+# replace it, but the tokenizer splits the text around it, and a repetition penalty counts it, as HF's do.
 _PLACEHOLDER = {"mlp": "<image>", "gemma3": "<image_soft_token>", "idefics3": "<image>"}
 
 
@@ -79,23 +79,52 @@ async def image_prompt(text: str, refs: Sequence[ImageRef], vision: VisionModel,
                        "messages")
     prepared = await asyncio.gather(*(_prepare(ref, vision, policy) for ref in refs))
     rows = await asyncio.to_thread(vision.encode, prepared) if encode else [None] * len(prepared)
-    ids = tokenizer.encode(pieces[0], add_special_tokens=False)
+    # The prompt as text between runs of image rows: each image's layout set into the text.
+    parts: list[str | int] = [pieces[0]]
+    for image, after in zip(prepared, pieces[1:]):
+        parts += [*vision.layout(image), after]
+    ids, starts = _tokenized(parts, tokenizer, vision.projector)
     spans: list[ImageSpan] = []
-    placeholder = _placeholder_id(tokenizer, vision.projector)
-    for image, image_rows, after in zip(prepared, rows, pieces[1:]):
+    for image, image_rows in zip(prepared, rows):
+        runs = [p for p in vision.layout(image) if isinstance(p, int)]
         used = 0
-        for run, piece in enumerate(vision.layout(image)):
-            if isinstance(piece, str):
-                ids += tokenizer.encode(piece, add_special_tokens=False)
-                continue
-            key = image.key if run == 0 else hashlib.blake2b(image.key + run.to_bytes(4, "little"),
-                                                            digest_size=16).digest()
+        for run, n in enumerate(runs):
+            at = starts.pop(0)
             if image_rows is not None:
-                spans.append(ImageSpan(len(ids), np.ascontiguousarray(image_rows[used:used + piece]), key))
-            ids += [placeholder] * piece
-            used += piece
-        ids += tokenizer.encode(after, add_special_tokens=False)
+                key = hashlib.blake2b(image.key + run.to_bytes(4, "little"), digest_size=16).digest()
+                spans.append(ImageSpan(at, np.ascontiguousarray(image_rows[used:used + n]), key))
+            used += n
     return ImagePrompt(ids, tuple(spans))
+
+
+def _tokenized(parts: list[str | int], tokenizer: Tokenizer, projector: str) -> tuple[list[int], list[int]]:
+    """Token ids of text pieces and runs of image rows, and where each run starts. Where the family's
+    image token is a special token, the prompt is tokenized whole with the runs written as it, as
+    its HF processor does (so text on either side tokenizes as there); else piece by piece, as
+    llama.cpp's mtmd does, with token 0 under the rows."""
+    token = _PLACEHOLDER.get(projector, "")
+    one = tokenizer.encode(token, add_special_tokens=False) if token else []
+    special = len(one) == 1 and one[0] in tokenizer.special_token_ids
+    if special:
+        text = "".join(p if isinstance(p, str) else token * p for p in parts)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        want, starts, i = [p for p in parts if isinstance(p, int)], [], 0
+        if ids.count(one[0]) == sum(want):  # else the text names the token too: runs are ambiguous
+            for n in want:  # runs of the image token in order (two images side by side: one long run)
+                i = ids.index(one[0], i)
+                starts.append(i)
+                i += n
+            if all(ids[a:a + n].count(one[0]) == n for a, n in zip(starts, want)):
+                return ids, starts
+        raise APIError(400, f"the prompt's text holds the image token {token}: write it otherwise", "messages")
+    ids, starts = [], []
+    for part in parts:
+        if isinstance(part, str):
+            ids += tokenizer.encode(part, add_special_tokens=False) if part else []
+        else:
+            starts.append(len(ids))
+            ids += [0] * part
+    return ids, starts
 
 
 async def _prepare(ref: ImageRef, vision: VisionModel, policy: MediaPolicy) -> PreparedImage:
@@ -107,9 +136,3 @@ async def _prepare(ref: ImageRef, vision: VisionModel, policy: MediaPolicy) -> P
         return await asyncio.to_thread(prepare)
     except ValueError as e:
         raise APIError(400, f"the image cannot be used: {e}", ref.param) from e
-
-
-def _placeholder_id(tokenizer: Tokenizer, projector: str) -> int:
-    ids = tokenizer.encode(_PLACEHOLDER.get(projector, ""), add_special_tokens=False) if projector in _PLACEHOLDER \
-        else []
-    return ids[0] if len(ids) == 1 else 0
