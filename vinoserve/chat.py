@@ -7,18 +7,21 @@ stream, which makes the server abort the request and free its cache.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
+import mimetypes
 import signal
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
 HELP = "/reset: forget the conversation · /system TEXT: set the system prompt (/system alone clears it) · " \
-       "/exit or Ctrl-D: quit · Ctrl-C: stop the reply"
+       "/image PATH: send an image with your next message · /exit or Ctrl-D: quit · Ctrl-C: stop the reply"
 
 
 class ChatError(Exception):
@@ -113,6 +116,7 @@ class Conversation:
     def __init__(self, client: ChatClient, system: str | None = None, out=sys.stdout, err=sys.stderr) -> None:
         self.client, self.system, self.out, self.err = client, system, out, err
         self.history: list[dict] = []
+        self.images: list[str] = []  # data: URLs of /image files, sent with the next message
 
     def messages(self) -> list[dict]:
         return ([{"role": "system", "content": self.system}] if self.system else []) + self.history
@@ -131,14 +135,28 @@ class Conversation:
         elif command == "/system":
             self.system = rest.strip() or None
             self._note(f"(system prompt: {self.system!r})" if self.system else "(system prompt cleared)")
+        elif command == "/image":
+            self._attach(rest.strip())
         elif command in ("/help", "/?"):
             self._note(HELP)
         else:
             self.reply(text)
         return True
 
+    def _attach(self, path: str) -> None:
+        try:
+            data = Path(path).expanduser().read_bytes()
+        except OSError as e:
+            self._note(f"error: /image {path}: {e.strerror or e}")
+            return
+        kind = mimetypes.guess_type(path)[0] or "image/png"
+        self.images.append(f"data:{kind};base64,{base64.b64encode(data).decode()}")
+        self._note(f"(image {path} attached to your next message: {len(data)} bytes)")
+
     def reply(self, text: str) -> None:
-        self.history.append({"role": "user", "content": text})
+        images, self.images = self.images, []
+        content = [{"type": "image_url", "image_url": {"url": url}} for url in images] + [{"type": "text", "text": text}]
+        self.history.append({"role": "user", "content": content if images else text})
         stats, answer = ReplyStats(), []
         try:
             for piece in self.client.stream(self.messages(), stats):
@@ -151,6 +169,7 @@ class Conversation:
             self.out.write("\n")
             self._note(f"error: {e}")
             self.history.pop()
+            self.images = images  # still attached: the user may try again
             return
         self.out.write("\n")
         if answer:

@@ -18,6 +18,9 @@ def _model_args(p: argparse.ArgumentParser, several: bool = False) -> None:
     p.add_argument("--model", default=None, action="append" if several else "store",
                    help=f"a .gguf file, an OpenVINO IR directory (optimum-cli export), or a built-in "
                         f"name (default: {DEFAULT_MODEL.name}).{extra}")
+    p.add_argument("--mmproj", default=None, metavar="GGUF",
+                   help="a vision model's projector GGUF (llama.cpp's mmproj file), so that chat messages may "
+                        "hold images (default: an mmproj*.gguf alone beside a --model .gguf)")
     p.add_argument("--weight-format", choices=WEIGHT_FORMATS, default="auto",
                    help="how weights converted from GGUF are stored in the graph: auto keeps each quantized "
                         "tensor's own blocks as low-bit constants (floats as f16); int4 requantizes every "
@@ -180,7 +183,7 @@ def _engine_config(args: argparse.Namespace):
     if args.command == "serve":
         scheduler = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
     config = EngineConfig(
-        model=args.model, weight_format=args.weight_format,
+        model=args.model, mmproj=args.mmproj, weight_format=args.weight_format,
         compile=CompileOptions(args.device, args.inference_precision, args.kv_cache_precision, args.threads,
                                decode_model={"auto": None, "on": True, "off": False}[args.decode_model],
                                lowbit_kernel={"auto": None, "on": True, "off": False}[args.lowbit_kernel],

@@ -19,6 +19,7 @@ from vinoserve.engine.llm_engine import LLMEngine
 from vinoserve.engine.outputs import RequestOutput
 from vinoserve.engine.speculative import SpecStats
 from vinoserve.model.tokenizer import Tokenizer
+from vinoserve.model.vision import VisionModel
 from vinoserve.scheduler import media
 from vinoserve.scheduler.grammar import GrammarCompiler
 from vinoserve.scheduler.sampling_params import SamplingParams
@@ -136,6 +137,11 @@ class AsyncLLMEngine:
         return self._thread.is_alive() and self.error is None
 
     # What request handlers need to know of the model, read-only and safe from any thread.
+    @property
+    def vision(self) -> VisionModel | None:
+        """The model's vision tower and projector, where it takes images (--mmproj)."""
+        return self.engine.model.vision
+
     @property
     def tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer

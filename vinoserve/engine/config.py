@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from vinoserve.cache.eviction import CacheEvictionConfig
 from vinoserve.cache.kv_cache import num_blocks_for_bytes
@@ -10,6 +11,7 @@ from vinoserve.engine.speculative import SpeculativeConfig
 from vinoserve.memory import available_memory_bytes
 from vinoserve.model.paged import CacheLayout
 from vinoserve.model.compile_options import CompileOptions
+from vinoserve.model.vision.serving import find_mmproj
 from vinoserve.model.weights import WeightFormat
 from vinoserve.scheduler.scheduler import SchedulerConfig
 
@@ -21,6 +23,7 @@ DEFAULT_KV_MEMORY_FRACTION = 0.25
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = None  # None: the built-in default model
+    mmproj: str | None = None  # a vision projector GGUF: the model takes images (None: one found beside it)
     weight_format: WeightFormat = "auto"
     compile: CompileOptions = field(default_factory=CompileOptions)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -45,6 +48,11 @@ class EngineConfig:
     image_inputs: bool = False
 
     @property
+    def projector(self) -> Path | None:
+        """The vision projector GGUF the model is served with, if any (it takes image rows then)."""
+        return find_mmproj(self.model, self.mmproj)
+
+    @property
     def prefix_caching(self) -> bool:
         if self.enable_prefix_caching and self.cache_eviction is not None:
             raise ValueError("prefix caching and cache eviction cannot be used together "
@@ -58,7 +66,7 @@ class EngineConfig:
         in_kernel = (ev is not None and ev.rotation and not self.host_rotation
                      and kernel_supports_rotation(c.inference_precision, c.kv_cache_precision))
         return replace(c, score_outputs=ev is not None, cache_rotation=in_kernel,
-                       image_inputs=c.image_inputs or self.image_inputs)
+                       image_inputs=c.image_inputs or self.image_inputs or self.projector is not None)
 
     def num_blocks(self, layout: CacheLayout, num_buffers: int, per_sequence: int) -> int:
         """KV blocks to allocate (each `num_buffers` layers' worth): as asked, else the memory

@@ -43,7 +43,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig = EngineConfig(), log=print) -> None:
         self.config = config
         options = config.compile_options()
-        self.model: LoadedModel = load_model(config.model, options, config.weight_format, log)
+        self.model: LoadedModel = load_model(config.model, options, config.weight_format, log, config.projector)
         self.tokenizer = self.model.tokenizer
         paged, layers = self.model.paged, self.model.config.num_layers
         evicting = config.cache_eviction is not None

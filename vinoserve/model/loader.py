@@ -16,6 +16,8 @@ from vinoserve.model.compile_options import CompileOptions
 from vinoserve.model.precision import check_inference_precision
 from vinoserve.model.spec import ModelSpec, read_config
 from vinoserve.model.tokenizer import DETOKENIZER_XML, TOKENIZER_XML, Tokenizer
+from vinoserve.model.vision.model import VisionModel
+from vinoserve.model.vision.serving import load_projector
 
 
 def resolve_model_dir(model: str | None, weight_format: WeightFormat = "auto", log=print) -> Path:
@@ -42,10 +44,12 @@ class LoadedModel:
     config: ModelSpec
     paged: PagedModel
     tokenizer: Tokenizer
+    vision: VisionModel | None = None  # its vision tower and projector, where it takes images
 
 
 def load_model(model: str | None = None, options: CompileOptions = CompileOptions(),
-               weight_format: WeightFormat = "auto", log=print) -> LoadedModel:
+               weight_format: WeightFormat = "auto", log=print, mmproj: Path | None = None) -> LoadedModel:
+    """`mmproj`: a vision projector GGUF for it (model/vision), compiled at its precision."""
     check_inference_precision(options)  # before a conversion that may take a minute
     path = resolve_model_dir(model, weight_format, log)
     config = read_config(path)  # what can be missing is found before the compile, which takes a while
@@ -55,7 +59,8 @@ def load_model(model: str | None = None, options: CompileOptions = CompileOption
     if config.rope is not None and config.rope.freq_factors is not None:
         pin_longrope(graph, config.rope)
     paged = compile_paged(graph, options, core, config.sliding_windows)
-    return LoadedModel(path, ModelSpec.of(paged.facts, config), paged, tokenizer)
+    vision = load_projector(mmproj, paged.image_width, paged.inference_precision, log)
+    return LoadedModel(path, ModelSpec.of(paged.facts, config), paged, tokenizer, vision)
 
 
 def _tokenizer(path: Path, core: ov.Core) -> Tokenizer:

@@ -112,7 +112,8 @@ class AppState:
         self.engine = engine
         chat_setup = ChatSetup.build(engine.tokenizer, config.chat_template, config.tool_call_parser,
                                      config.reasoning_parser)
-        self.serving = Serving(engine, name, self.metrics, config.max_queue, defaults, config.limits, chat_setup)
+        self.serving = Serving(engine, name, self.metrics, config.max_queue, defaults, config.limits, chat_setup,
+                               config.media)
         log.info("sampling defaults for fields a request leaves out: %s", defaults.describe())
         log.info("chat: %s", chat_setup.describe())
         log.info("serving %s", name)

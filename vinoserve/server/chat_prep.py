@@ -9,7 +9,7 @@ call the same path, so tools, reasoning and constraints behave the same on all o
     req = chat_request({"messages": [...], "tools": [...], "tool_choice": "auto",
                         "max_completion_tokens": body.max_output_tokens, "stream": body.stream})
     prepared = await prepare_chat(serving, req)
-    streams = serving.admit([prepared.prompt], prepared.params, "messages", None, req.n)
+    streams = serving.admit([prepared.prompt], prepared.params, "messages", None, req.n, prepared.images)
     async for item in serving.events([prepared.prompt], streams, prepared.choice_text): ...
 """
 from __future__ import annotations
@@ -20,11 +20,13 @@ from dataclasses import dataclass, replace
 from pydantic import ValidationError
 
 from vinoserve.scheduler.grammar import GrammarSpec
+from vinoserve.scheduler.media import ImageSpan
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.server.chat_render import render_prompt
 from vinoserve.server.echo import PromptScoring, prompt_scoring
 from vinoserve.server.errors import APIError, invalid
 from vinoserve.server.event_stream import ChoiceText, ParsedText, PlainText
+from vinoserve.server.images import ImageRef, image_prompt, take_images
 from vinoserve.server.protocol import ChatCompletionRequest
 from vinoserve.server.reasoning import ReasoningFormat, Start
 from vinoserve.server.serving import ChatSetup, Serving
@@ -44,6 +46,7 @@ class PreparedChat:
     tool_format: ToolFormat
     reasoning: ReasoningFormat | None
     reasoning_start: Start | None  # where the prompt leaves the reasoning
+    images: tuple[ImageSpan, ...] = ()  # rows of the prompt's images, at their positions
 
     def choice_text(self) -> ChoiceText:
         """A fresh reader of one choice's text: reasoning split off, tool calls parsed."""
@@ -70,8 +73,7 @@ async def prepare_chat(serving: Serving, req: ChatCompletionRequest) -> Prepared
         raise APIError(400, "top_logprobs requires logprobs: true", "top_logprobs")
     tools = tool_plan(req)
     setup = serving.chat
-    text = await asyncio.to_thread(chat_prompt_text, setup, serving.tokenizer, req, tools)  # big prompts take ms
-    prompt = serving.tokenizer.encode(text, add_special_tokens=False)
+    text, prompt, images = await chat_prompt(serving, req, tools)
     serving.limits.check_prompts([prompt], "messages")
     start = setup.reasoning.start_state(text) if setup.reasoning else None
     found = requested_grammar(req)
@@ -93,18 +95,31 @@ async def prepare_chat(serving: Serving, req: ChatCompletionRequest) -> Prepared
                                      grammar, scoring.engine_k)
     if tools is not None and not setup.tool_format.skip_special_tokens:
         params = replace(params, skip_special_tokens=False)
-    return PreparedChat(prompt, params, scoring, tools, setup.tool_format, setup.reasoning, start)
+    return PreparedChat(prompt, params, scoring, tools, setup.tool_format, setup.reasoning, start, images)
 
 
-def chat_prompt_text(setup: ChatSetup, tokenizer, req: ChatCompletionRequest, tools: ToolPlan | None = None) -> str:
-    """The conversation rendered by the chat template, tools declared the tool format's way."""
+async def chat_prompt(serving: Serving, req: ChatCompletionRequest, tools: ToolPlan | None = None,
+                      encode_images: bool = True) -> tuple[str, list[int], tuple[ImageSpan, ...]]:
+    """The rendered prompt, its token ids, and its images' rows where it holds any (without
+    `encode_images`, only their tokens are counted: nothing is encoded)."""
+    vision = serving.engine.vision
+    text, refs = await asyncio.to_thread(chat_prompt_text, serving.chat, serving.tokenizer, req, tools,
+                                         vision is not None)  # big prompts take ms
+    if not refs:
+        return text, serving.tokenizer.encode(text, add_special_tokens=False), ()
+    built = await image_prompt(text, refs, vision, serving.tokenizer, serving.media, encode_images)
+    return text, built.ids, built.images
+
+
+def chat_prompt_text(setup: ChatSetup, tokenizer, req: ChatCompletionRequest, tools: ToolPlan | None = None,
+                     images: bool = False) -> tuple[str, list[ImageRef]]:
+    """The conversation rendered by the chat template, tools declared the tool format's way, each
+    image part a marker in its message's text (`images`: the model takes them; else a 400)."""
     kwargs = req.chat_template_kwargs or {}
     if clash := sorted(_RESERVED & kwargs.keys()):
         raise APIError(400, f"chat_template_kwargs may not set {', '.join(clash)}", "chat_template_kwargs")
     messages = [m.model_dump(exclude_none=True) for m in req.messages]
-    for m in messages:
-        if isinstance(m.get("content"), list):  # text parts only: this is a text model
-            m["content"] = "".join(p.get("text") or "" for p in m["content"] if p.get("type") == "text")
+    refs = take_images(messages, images)
     if not setup.template:
         raise APIError(400, "this model has no chat template (--chat-template gives one)", "messages")
     messages, extra = setup.tool_format.render(messages, tools, setup.template)
@@ -112,4 +127,4 @@ def chat_prompt_text(setup: ChatSetup, tokenizer, req: ChatCompletionRequest, to
     def render(kw: dict) -> str:
         return tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
                                              chat_template=setup.template, **extra, **kw)
-    return render_prompt(render, kwargs, setup.template_name)
+    return render_prompt(render, kwargs, setup.template_name), refs

@@ -12,6 +12,7 @@ from vinoserve.scheduler.scheduler import SchedulerConfig
 from vinoserve.server.app import ServerConfig, create_app
 from vinoserve.server import reasoning, tools
 from vinoserve.server.limits import Limits
+from vinoserve.server.media import MediaPolicy
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,6 +36,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-n", type=int, default=d.max_n, help="a larger `n` gets 400")
     p.add_argument("--max-logprobs", type=int, default=d.max_logprobs,
                    help="more top logprobs per token get 400 (20 at most)")
+    p.add_argument("--allowed-media-domains", nargs="+", default=[], metavar="HOST",
+                   help="hosts (and their subdomains) whose http(s) image URLs the server fetches; by default "
+                        "images come only as data: URLs")
+    p.add_argument("--max-images", type=int, default=MediaPolicy.max_images,
+                   help="images one request may hold (more get 400)")
     p.add_argument("--chat-template", default=None, metavar="FILE",
                    help="a Jinja chat template to use instead of the model's")
     p.add_argument("--tool-call-parser", default="auto", choices=tools.CHOICES,
@@ -69,6 +75,8 @@ def serve(args: argparse.Namespace, engine: EngineConfig) -> int:
                           override_generation_config=args.override_generation_config,
                           chat_template=_read_template(args.chat_template), tool_call_parser=args.tool_call_parser,
                           reasoning_parser=args.reasoning_parser, max_stored_responses=args.max_stored_responses,
+                          media=MediaPolicy(frozenset(d.lower().rstrip(".") for d in args.allowed_media_domains),
+                                            max_images=args.max_images),
                           **_models(args))
     # uvicorn drains in-flight requests on SIGTERM, then re-raises the signal under the handler
     # that was there before it; a no-op one makes a graceful stop exit 0, as orchestrators expect.

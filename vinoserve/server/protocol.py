@@ -119,9 +119,23 @@ class CompletionRequest(_Sampling):
     suffix: str | None = Field(None, json_schema_extra={WITHOUT_FIM: {"anyOf": [{"type": "null"}, {"const": ""}]}})
 
 
-class ContentPart(_Request):
-    type: Literal["text"]  # a text model: an image part would be ignored, so it is refused
+class TextPart(_Request):
+    type: Literal["text"]
     text: str
+
+
+class ImageURL(_Request):
+    url: str  # a data: URL, or an http(s) one the server may fetch (--allowed-media-domains)
+    # Each vision family sees an image at its processor's resolution: "low" would ask for less.
+    detail: Literal["auto", "high"] | None = None
+
+
+class ImagePart(_Request):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 
 
 class ChatMessage(_Request):

@@ -7,6 +7,7 @@ from pathlib import Path
 from vinoserve.engine.llm_engine import EngineConfig
 from vinoserve.model.default_model import DEFAULT_MODEL
 from vinoserve.server.limits import Limits
+from vinoserve.server.media import MediaPolicy
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class ServerConfig:
     chat_template: str | None = None  # --chat-template's text: replaces the model's
     tool_call_parser: str = "auto"  # a name in server/tools FORMATS, or auto
     reasoning_parser: str = "auto"  # a name in server/reasoning FORMATS, none, or auto
+    media: MediaPolicy = field(default_factory=MediaPolicy)  # images: what is fetched and accepted
     max_stored_responses: int = 1000  # /v1/responses kept for previous_response_id, least recently used dropped
     chat_model: bool = True  # False: only encoders are served (every --model named one)
     encoders: tuple[tuple[str, str], ...] = ()  # (served name, directory) of each embedder or reranker

@@ -15,11 +15,13 @@ from vinoserve.engine.async_engine import AsyncLLMEngine, RequestStream
 from vinoserve.model.generation_config import GenerationDefaults
 from vinoserve.model.tokenizer import Tokenizer
 from vinoserve.scheduler.grammar import GrammarSpec
+from vinoserve.scheduler.media import ImageSpan
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.server.errors import APIError, bad_value
 from vinoserve.server.event_stream import ChoiceText, PlainText, event_stream
 from vinoserve.server.events import Step, Usage
 from vinoserve.server.limits import MAX_N, Limits, over_capacity
+from vinoserve.server.media import MediaPolicy
 from vinoserve.server.metrics import Metrics
 from vinoserve.server.protocol import new_id
 from vinoserve.server.registry import ModelRegistry
@@ -53,9 +55,11 @@ class ChatSetup:
 
 class Serving:
     def __init__(self, engine: AsyncLLMEngine, model_name: str, metrics: Metrics, max_queue: int | None,
-                 generation_defaults: GenerationDefaults, limits: Limits, chat: ChatSetup) -> None:
+                 generation_defaults: GenerationDefaults, limits: Limits, chat: ChatSetup,
+                 media: MediaPolicy | None = None) -> None:
         self.engine, self.model_name, self.metrics, self.max_queue = engine, model_name, metrics, max_queue
         self.generation_defaults, self.limits, self.chat = generation_defaults, limits, chat
+        self.media = media or MediaPolicy()
         self.registry: ModelRegistry | None = None  # the other models served beside this one
 
     @property
@@ -110,27 +114,30 @@ class Serving:
             raise bad_value(e) from e
 
     def admit(self, prompts: list[list[int]], params: SamplingParams, prompt_param: str,
-              cache_eviction: dict | None = None, n: int = 1) -> list[RequestStream]:
+              cache_eviction: dict | None = None, n: int = 1,
+              images: tuple[ImageSpan, ...] = ()) -> list[RequestStream]:
         """Validate, apply --max-queue, and submit: all before the handler next awaits, so
-        concurrent requests cannot all slip under the limit. n choices per prompt, in order."""
+        concurrent requests cannot all slip under the limit. n choices per prompt, in order;
+        `images` belong to a lone prompt (a chat's)."""
+        assert not images or len(prompts) == 1
         for ids in prompts:
             try:
-                self.engine.prepare(ids, params, cache_eviction)
+                self.engine.prepare(ids, params, cache_eviction, images)
             except ValueError as e:
                 raise bad_value(e, "cache_eviction" if str(e).startswith("cache_eviction") else prompt_param) from e
         if self.max_queue is not None and self.engine.num_waiting + len(prompts) * n > self.max_queue:
             raise over_capacity(self.max_queue)
         if n == 1:
-            return [self.engine.submit(ids, params, cache_eviction=cache_eviction) for ids in prompts]
-        return [stream for ids in prompts for stream in self._choices(ids, params, cache_eviction, n)]
+            return [self.engine.submit(ids, params, cache_eviction=cache_eviction, images=images) for ids in prompts]
+        return [stream for ids in prompts for stream in self._choices(ids, params, cache_eviction, n, images)]
 
     def _choices(self, ids: list[int], params: SamplingParams, cache_eviction: dict | None,
-                 n: int) -> list[RequestStream]:
+                 n: int, images: tuple[ImageSpan, ...]) -> list[RequestStream]:
         """n choices of one prompt: the first computes the prompt, the others fork from it (its
         KV, its logits) and sample on their own; a seed gives each choice seed + index."""
         group = new_id("req")
-        return [self.engine.submit(ids, params.choice(i),
-                                   f"{group}-{i}", cache_eviction, fork_of=f"{group}-0" if i else None)
+        return [self.engine.submit(ids, params.choice(i), f"{group}-{i}", cache_eviction,
+                                   fork_of=f"{group}-0" if i else None, images=images)
                 for i in range(n)]
 
     def events(self, prompts: list[list[int]], streams: list[RequestStream],

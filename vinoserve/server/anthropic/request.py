@@ -1,14 +1,15 @@
 """A POST /v1/messages body: validated here, then converted into a chat request's fields.
 
 Honoured: system (a string or text blocks; system messages among the messages too, which Claude
-Code sends), messages with text, tool_use, tool_result (content as a string or text blocks;
+Code sends), messages with text, image (base64 or url sources: a model served with its vision
+projector, `--mmproj`), tool_use, tool_result (content as a string or text blocks;
 is_error marks the result as an error) and thinking blocks, tools (name, description,
 input_schema), tool_choice (auto, any, tool, none; disable_parallel_tool_use), stop_sequences,
 max_tokens (past the context: the reply ends there), temperature, top_p, top_k, metadata, thinking
 (enabled / adaptive / disabled turn a reasoning model's thinking on or off through its chat
 template; budget_tokens is checked, and bounded only by max_tokens), output_config.format (a JSON
 schema the answer is held to), output_config.effort high (the default) and context_management
-that keeps all thinking (Claude Code sends both). Refused with a 400: images, documents, server
+that keeps all thinking (Claude Code sends both). Refused with a 400: documents, server
 tools (web search, code execution, ...), MCP servers, containers, other efforts and context edits,
 and thinking enabled on a model that does not reason (adaptive thinking there is no thinking).
 """
@@ -27,6 +28,28 @@ from vinoserve.server.request_rules import WITHOUT_REASONING, limit, needs_tools
 class TextBlock(_Request):
     type: Literal["text"]
     text: str
+
+
+class Base64Source(_Request):
+    type: Literal["base64"]
+    media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
+    data: str
+
+
+class URLSource(_Request):
+    type: Literal["url"]
+    url: str  # fetched where the server allows its host (--allowed-media-domains)
+
+
+class ImageBlock(_Request):
+    type: Literal["image"]
+    source: Annotated[Base64Source | URLSource, Field(discriminator="type")]
+
+    def chat_part(self) -> dict:
+        """As a chat image_url part: a base64 source as a data: URL."""
+        s = self.source
+        url = f"data:{s.media_type};base64,{s.data}" if isinstance(s, Base64Source) else s.url
+        return {"type": "image_url", "image_url": {"url": url}}
 
 
 class ToolUseBlock(_Request):
@@ -54,7 +77,7 @@ class RedactedThinkingBlock(_Request):
     data: str
 
 
-Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
+Block = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
                   Field(discriminator="type")]
 
 
@@ -68,7 +91,7 @@ class InputMessage(_Request):
     # Which blocks a turn may hold (to_messages checks the same: a 400 naming the block).
     model_config = ConfigDict(json_schema_extra={"allOf": [
         {"if": {"properties": {"role": {"const": role}}}, "then": _blocks(*kinds)}
-        for role, kinds in (("user", ("text", "tool_result")), ("system", ("text",)),
+        for role, kinds in (("user", ("text", "image", "tool_result")), ("system", ("text",)),
                             ("assistant", ("text", "tool_use", "thinking", "redacted_thinking")))]})
     role: Literal["user", "assistant", "system"]  # system: not Anthropic's, but Claude Code sends it
     content: str | list[Block]
@@ -206,10 +229,12 @@ def to_messages(system: str | list[TextBlock] | None, messages: list[InputMessag
 
 
 def _user(blocks: list, i: int) -> list[dict]:
-    results, text = [], []
+    results, parts = [], []
     for k, b in enumerate(blocks):
         if isinstance(b, TextBlock):
-            text.append(b.text)
+            parts.append({"type": "text", "text": b.text})
+        elif isinstance(b, ImageBlock):
+            parts.append(b.chat_part())
         elif isinstance(b, ToolResultBlock):
             content = _text(b.content)
             results.append({"role": "tool", "tool_call_id": b.tool_use_id,
@@ -217,7 +242,9 @@ def _user(blocks: list, i: int) -> list[dict]:
         else:
             raise APIError(400, f"messages.{i}.content.{k}: a user message cannot hold a {b.type} block",
                            f"messages.{i}.content.{k}.type")
-    return results + ([{"role": "user", "content": "".join(text)}] if text or not results else [])
+    if all(p["type"] == "text" for p in parts):  # text alone stays a string, as every template takes
+        parts = "".join(p["text"] for p in parts)
+    return results + ([{"role": "user", "content": parts}] if parts or not results else [])
 
 
 def _assistant(blocks: list, i: int) -> dict:

@@ -25,7 +25,7 @@ def to_messages(items: list[dict]) -> list[dict]:
         kind = item.get("type", "message")
         if kind == "message":
             message = {"role": "system" if item["role"] == "developer" else item["role"],
-                       "content": _text(item["content"])}
+                       "content": _content(item["content"])}
             if message["role"] == "assistant" and reasoning is not None:
                 message["reasoning_content"], reasoning = reasoning, None
             messages.append(message)
@@ -61,6 +61,14 @@ def listed(items: list[dict]) -> list[dict]:
             item.setdefault("status", "completed")
         out.append(item)
     return out
+
+
+def _content(content: str | list[dict]) -> str | list[dict]:
+    """A message's content for chat: its text, or its text and image parts where it holds images."""
+    if isinstance(content, str) or not any(p.get("type") == "input_image" for p in content):
+        return _text(content)
+    return [{"type": "image_url", "image_url": {"url": p["image_url"], "detail": p.get("detail")}}
+            if p.get("type") == "input_image" else {"type": "text", "text": _text([p])} for p in content]
 
 
 def _text(content: str | list[dict]) -> str:

@@ -1,6 +1,6 @@
 """The shapes a POST /v1/responses body may take, as pydantic models: what they accept is what
-the OpenAPI document states (openai's own types name them). Items and parts a text model with
-function tools cannot honour (images, files, built-in tools' calls, item references) and tools
+the OpenAPI document states (openai's own types name them). Items and parts a model with
+function tools cannot honour (files, built-in tools' calls, item references) and tools
 the client would run other than functions (custom, shell, computer use) are not among them, so
 they are a 400 naming the field."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Discriminator, Field, Tag
 
-from vinoserve.server.protocol import _Request
+from vinoserve.server.protocol import _Request, unsupported
 from vinoserve.server.request_rules import WITHOUT_REASONING
 
 
@@ -28,10 +28,18 @@ class InputTextPart(_Request):
     text: str
 
 
+class InputImagePart(_Request):
+    type: Literal["input_image"]
+    image_url: str  # a data: URL, or an http(s) one the server may fetch (--allowed-media-domains)
+    file_id: unsupported("file_id: this server stores no files; send the image as image_url") = None
+    # Each vision family sees an image at its processor's resolution: "low" would ask for less.
+    detail: Literal["auto", "high"] | None = None
+
+
 class MessageItem(_Request):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[Annotated[TextPart | RefusalPart, Field(discriminator="type")]]
+    content: str | list[Annotated[TextPart | RefusalPart | InputImagePart, Field(discriminator="type")]]
     id: str | None = None
 
 

@@ -14,7 +14,7 @@ content types each path answers. A new surface, e.g. the Responses API:
         req = chat_request({"messages": to_messages(body.input, body.instructions), "tools": ...,
                             "max_completion_tokens": body.max_output_tokens, "stream": body.stream})
         prepared = await prepare_chat(serving, req)
-        streams = serving.admit([prepared.prompt], prepared.params, "input")
+        streams = serving.admit([prepared.prompt], prepared.params, "input", images=prepared.images)
         events = serving.events([prepared.prompt], streams, prepared.choice_text)
         if body.stream:  # Step events -> response.output_text.delta, ... (delivery.sse(data, event=...))
             return event_stream_response(render_stream(events), streams)

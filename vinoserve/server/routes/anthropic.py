@@ -5,7 +5,6 @@ paths answer in Anthropic's shape (app.py installs server/anthropic/errors.py fo
 key may come as x-api-key, and the anthropic-version header is accepted whatever it says."""
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 from collections.abc import AsyncIterator
 
@@ -15,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from vinoserve.server.anthropic.render import MessageBuilder, anthropic_id
 from vinoserve.server.anthropic.request import CountTokensRequest, MessagesRequest, chat_fields
 from vinoserve.server.builders import built, streamed
-from vinoserve.server.chat_prep import chat_prompt_text, chat_request, prepare_chat
+from vinoserve.server.chat_prep import chat_prompt, chat_request, prepare_chat
 from vinoserve.server.delivery import event_stream_response, sse, unless_disconnected
 from vinoserve.server.errors import APIError, renamed
 from vinoserve.server.serving import Serving, current
@@ -38,7 +37,7 @@ async def create_message(body: MessagesRequest, raw: Request, serving: Serving =
         if serving.engine.context_unbounded:  # evicting with rotation: no context's end to reach
             room = body.max_tokens
         params = replace(prepared.params, max_tokens=min(body.max_tokens, room))
-        streams = serving.admit([prepared.prompt], params, "messages")
+        streams = serving.admit([prepared.prompt], params, "messages", images=prepared.images)
     except APIError as e:
         raise renamed(e, _FIELDS) from None
     events = serving.events([prepared.prompt], streams, prepared.choice_text)
@@ -55,10 +54,10 @@ async def count_tokens(body: CountTokensRequest, serving: Serving = Depends(curr
     serving.check_model(body.model)
     try:
         req = chat_request(chat_fields(body, serving.chat.reasoning is not None))
-        text = await asyncio.to_thread(chat_prompt_text, serving.chat, serving.tokenizer, req, tool_plan(req))
+        _, ids, _ = await chat_prompt(serving, req, tool_plan(req), encode_images=False)
     except APIError as e:
         raise renamed(e, _FIELDS) from None
-    return JSONResponse({"input_tokens": len(serving.tokenizer.encode(text, add_special_tokens=False))})
+    return JSONResponse({"input_tokens": len(ids)})
 
 
 async def _streamed(builder: MessageBuilder, events) -> AsyncIterator[str]:

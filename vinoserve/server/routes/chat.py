@@ -24,7 +24,8 @@ router = APIRouter()
 async def chat_completions(req: ChatCompletionRequest, raw: Request, serving: Serving = Depends(current)) -> Response:
     serving.check_model(req.model)
     prepared = await prepare_chat(serving, req)
-    streams = serving.admit([prepared.prompt], prepared.params, "messages", req.cache_eviction, req.n)
+    streams = serving.admit([prepared.prompt], prepared.params, "messages", req.cache_eviction, req.n,
+                            prepared.images)
     events = serving.events([prepared.prompt], streams, prepared.choice_text)
     rid = new_id("chatcmpl")
     if req.stream:

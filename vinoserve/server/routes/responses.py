@@ -47,7 +47,7 @@ async def create_response(body: ResponsesRequest, raw: Request, serving: Serving
         offered = offered_tools(body.tools)
         req = chat_request(chat_fields(body, messages, serving.chat.reasoning is not None, offered))
         prepared = await prepare_chat(serving, req)
-        streams = serving.admit([prepared.prompt], prepared.params, "input")
+        streams = serving.admit([prepared.prompt], prepared.params, "input", images=prepared.images)
     except APIError as e:
         raise renamed(e, _FIELDS) from None
     events = serving.events([prepared.prompt], streams, prepared.choice_text)

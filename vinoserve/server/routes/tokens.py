@@ -4,7 +4,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
-from vinoserve.server.chat_prep import chat_prompt_text
+from vinoserve.server.chat_prep import chat_prompt
 from vinoserve.server.errors import APIError
 from vinoserve.server.protocol import ChatCompletionRequest, DetokenizeRequest, TokenizeRequest
 from vinoserve.server.serving import Serving, current
@@ -17,12 +17,11 @@ async def tokenize(req: TokenizeRequest, serving: Serving = Depends(current)) ->
     serving.check_model(req.model)
     if (req.prompt is None) == (req.messages is None):
         raise APIError(400, "give exactly one of prompt or messages", "prompt")
-    tokenizer = serving.tokenizer
     if req.messages is not None:
         chat = ChatCompletionRequest(messages=req.messages, add_generation_prompt=req.add_generation_prompt)
-        ids = tokenizer.encode(chat_prompt_text(serving.chat, tokenizer, chat), add_special_tokens=False)
+        _, ids, _ = await chat_prompt(serving, chat, encode_images=False)
     else:
-        ids = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        ids = serving.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
     return JSONResponse({"count": len(ids), "max_model_len": serving.engine.max_context, "tokens": ids})
 
 

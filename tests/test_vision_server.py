@@ -1,0 +1,168 @@
+"""Images in chat through a real `vinoserve serve` and unmodified clients (issue 58): a tiny random
+LLaVA 1.5 (CLIP tower, mlp projector, Llama text model), written as llama.cpp ships it, a text
+GGUF with its mmproj GGUF beside it (found there, as llama.cpp's server finds it), served at f32.
+The openai SDK's chat reply equals transformers' greedy generation from the same image; the
+Responses and Anthropic APIs give the same reply; a second turn with the same image reuses its
+cached blocks, another image of the same size does not; bad images and images sent to a text
+model are 400s in each API's own shape."""
+from __future__ import annotations
+
+import base64
+import io
+
+import anthropic
+import httpx
+import numpy as np
+import openai
+import pytest
+import torch
+from gguf_fixtures import EOS_ID, TOKENS, Vocab, tiny_hf_model, write_gguf
+from PIL import Image
+from server_process import ServerProcess
+from transformers import CLIPImageProcessorPil, CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration
+from vision_fixtures import CLIP_MEAN, CLIP_STD, write_mmproj
+
+VOCAB = Vocab(TOKENS + ["<image>"], [1] * (len(TOKENS) - 2) + [3, 3, 3], EOS_ID)
+IMAGE_TOKEN = len(TOKENS)
+BEFORE, AFTER = "the t " * 8, " he th" * 6  # text around the image: the image's rows fall in full blocks
+MAX_TOKENS = 6
+
+
+def _png(seed: int, size: tuple[int, int] = (50, 37)) -> str:
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "PNG")
+    return base64.b64encode(out.getvalue()).decode()
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory):
+    text = tiny_hf_model("llama", vocab=VOCAB)
+    vision = CLIPVisionConfig(image_size=32, patch_size=8, hidden_size=32, intermediate_size=40, num_attention_heads=2,
+                              num_hidden_layers=3, projection_dim=16)
+    hf = LlavaForConditionalGeneration(LlavaConfig(vision_config=vision, text_config=text.config,
+                                                   image_token_index=IMAGE_TOKEN)).eval()
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "vision_tower" in name or "multi_modal_projector" in name:
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g) if "norm" in name and name.endswith("weight")
+                        else 0.3 * torch.randn(p.shape, generator=g))
+    hf.model.language_model.load_state_dict(text.model.state_dict())
+    hf.lm_head.load_state_dict(text.lm_head.state_dict())
+    hf.generation_config.eos_token_id = None
+    where = tmp_path_factory.mktemp("llava")
+    write_mmproj(hf, where / "mmproj-tiny-llava.gguf")
+    srv = ServerProcess("--model", str(write_gguf(text, where / "tiny-llava.gguf", vocab=VOCAB)),
+                        "--inference-precision", "f32", "--kv-cache-precision", "f32", "--kv-cache-size", "0.1",
+                        log_path=where / "server.log").wait_ready()
+    yield hf, srv
+    assert srv.terminate() == 0
+
+
+def _messages(png: str, text: str = AFTER) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "text", "text": BEFORE},
+                                         {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
+                                         {"type": "text", "text": text}]}]
+
+
+def _tokens(srv: ServerProcess, png: str) -> list[int]:
+    return httpx.post(f"{srv.url}/tokenize", json={"messages": _messages(png)}).json()["tokens"]
+
+
+def _image_at(srv: ServerProcess, png: str) -> int:
+    return _tokens(srv, png).index(IMAGE_TOKEN)
+
+
+def _hf_reply(hf, srv: ServerProcess, png: str) -> str:
+    ids = _tokens(srv, png)
+    assert ids.count(IMAGE_TOKEN) == 16  # (32 / 8)^2 patches, CLS dropped
+    image = Image.open(io.BytesIO(base64.b64decode(png)))
+    pixels = CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
+                                   image_mean=CLIP_MEAN, image_std=CLIP_STD)(image, return_tensors="pt").pixel_values
+    with torch.no_grad():
+        out = hf.generate(input_ids=torch.tensor([ids]), pixel_values=pixels, max_new_tokens=MAX_TOKENS,
+                          do_sample=False)
+    return httpx.post(f"{srv.url}/detokenize", json={"tokens": out[0, len(ids):].tolist()}).json()["prompt"]
+
+
+def _chat(srv: ServerProcess, messages: list[dict], **extra):
+    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
+    return client.chat.completions.create(model="tiny-llava", messages=messages, max_tokens=MAX_TOKENS,
+                                          temperature=0, **extra)
+
+
+def test_chat_with_an_image_equals_transformers_and_its_blocks_are_reused(llava):
+    hf, srv = llava
+    first, other = _png(1), _png(2)
+    reply = _chat(srv, _messages(first), extra_body={"ignore_eos": True})
+    assert reply.choices[0].message.content == _hf_reply(hf, srv, first)
+    again = _chat(srv, _messages(first), extra_body={"ignore_eos": True})
+    assert again.choices[0].message.content == reply.choices[0].message.content
+    # The first block holds text and image rows (the last tokens are computed again, as a whole
+    # prompt's would be: scheduler._cached_prefix): it is reused for the same image only.
+    assert again.usage.prompt_tokens_details.cached_tokens == 32 and _image_at(srv, first) < 32
+    changed = _chat(srv, _messages(other), extra_body={"ignore_eos": True})  # same size, other pixels
+    assert changed.usage.prompt_tokens_details.cached_tokens == 0
+    assert changed.choices[0].message.content == _hf_reply(hf, srv, other)
+
+
+def test_responses_and_anthropic_clients_send_images_too(llava):
+    _, srv = llava
+    png = _png(4)
+    chat = _chat(srv, _messages(png)).choices[0].message.content
+    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
+    response = client.responses.create(model="tiny-llava", max_output_tokens=MAX_TOKENS, temperature=0, input=[{
+        "role": "user", "content": [{"type": "input_text", "text": BEFORE},
+                                    {"type": "input_image", "image_url": f"data:image/png;base64,{png}",
+                                     "detail": "auto"},
+                                    {"type": "input_text", "text": AFTER}]}])
+    assert response.output_text == chat
+    claude = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0)
+    message = claude.messages.create(model="tiny-llava", max_tokens=MAX_TOKENS, extra_body={"temperature": 0}, messages=[{
+        "role": "user", "content": [{"type": "text", "text": BEFORE},
+                                    {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                 "data": png}},
+                                    {"type": "text", "text": AFTER}]}])
+    assert message.content[0].text == chat
+    # Anthropic counts cache reads apart: the same prompt, its image's rows included, and its cached blocks.
+    assert message.usage.input_tokens + message.usage.cache_read_input_tokens == response.usage.input_tokens > 16
+    assert message.usage.cache_read_input_tokens == response.usage.input_tokens_details.cached_tokens == 32
+
+
+def test_bad_images_are_400s_naming_the_part(llava):
+    _, srv = llava
+    cases = [(base64.b64encode(b"not an image at all").decode(), "cannot be used"),
+             (_png(5)[:200], "cannot be used")]  # a truncated PNG
+    for data, words in cases:
+        with pytest.raises(openai.BadRequestError) as e:
+            _chat(srv, _messages(data))
+        assert words in e.value.body["message"] and e.value.body["param"] == "messages.0.content.1"
+    messages = _messages(_png(6))
+    messages[0]["content"][1]["image_url"]["url"] = "https://example.com/cat.png"
+    with pytest.raises(openai.BadRequestError) as e:
+        _chat(srv, messages)
+    assert "--allowed-media-domains" in e.value.body["message"]
+    claude = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        claude.messages.create(model="tiny-llava", max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
+    assert e.value.body["type"] == "error" and "cannot be used" in e.value.body["error"]["message"]
+    assert _chat(srv, _messages(_png(7))).choices[0].message.content is not None  # the server goes on
+
+
+def test_a_text_model_refuses_images_in_every_api(api_server, api_client):
+    png = _png(8)
+    with pytest.raises(openai.BadRequestError) as e:
+        api_client.chat.completions.create(model="smollm2-135m-instruct", messages=_messages(png), max_tokens=2)
+    assert "takes no images" in e.value.body["message"] and e.value.body["param"] == "messages.0.content.1"
+    with pytest.raises(openai.BadRequestError) as e:
+        api_client.responses.create(model="smollm2-135m-instruct", max_output_tokens=16, input=[{
+            "role": "user", "content": [{"type": "input_image", "image_url": f"data:image/png;base64,{png}",
+                                         "detail": "auto"}]}])
+    assert "takes no images" in e.value.body["message"]
+    claude = anthropic.Anthropic(base_url=api_server.url, api_key="unused", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        claude.messages.create(model="smollm2-135m-instruct", max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}]}])
+    assert "takes no images" in e.value.body["error"]["message"]

@@ -1,0 +1,38 @@
+"""Which vision projector a chat model is served with: `--mmproj`, else, as llama.cpp's server
+finds one, the only `mmproj*.gguf` beside a `.gguf` model. Loaded once at start."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from vinoserve.model.errors import ModelLoadError
+from vinoserve.model.vision.model import VisionModel, load_vision
+
+# Projectors whose language model attends within an image otherwise than causally: Gemma 3's
+# image tokens see each other both ways (HF's token_type_ids mask, llama.cpp's non-causal batch),
+# which PagedAttention, causal, cannot give. Served only once exact.
+_NOT_CAUSAL = {"gemma3": "Gemma 3's image tokens attend to each other both ways, and this server's attention is "
+                         "causal: its images are not served yet (issue 58)"}
+
+
+def find_mmproj(model: str | None, mmproj: str | None) -> Path | None:
+    """The projector to load: the one asked for, or the lone mmproj*.gguf beside the model file."""
+    if mmproj is not None:
+        return Path(mmproj)
+    if model is None or not model.endswith(".gguf") or not Path(model).is_file():
+        return None
+    found = sorted(Path(model).parent.glob("mmproj*.gguf"))
+    return found[0] if len(found) == 1 else None
+
+
+def load_projector(path: Path | None, image_width: int | None, precision: str, log=print) -> VisionModel | None:
+    """The vision model of `path` for a language model taking image rows of `image_width`, at its
+    precision; ModelLoadError where it cannot serve this model's images."""
+    if path is None:
+        return None
+    if image_width is None:
+        raise ModelLoadError(f"{path}: this language model was compiled without image inputs")
+    vision = load_vision(path, image_width, precision=precision)
+    if vision.projector in _NOT_CAUSAL:
+        raise ModelLoadError(f"{path}: {_NOT_CAUSAL[vision.projector]}")
+    log(f"vision: {path.name} ({vision.projector} projector); chat messages may hold images")
+    return vision
