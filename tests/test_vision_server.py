@@ -4,7 +4,7 @@ GGUF with its mmproj GGUF beside it (found there, as llama.cpp's server finds it
 The openai SDK's chat reply equals transformers' greedy generation from the same image; the
 Responses and Anthropic APIs give the same reply; a second turn with the same image reuses its
 cached blocks, another image of the same size does not; bad images and images sent to a text
-model are 400s in each API's own shape."""
+model are 400s in each API's own shape; the chat page sends an image dropped on it."""
 from __future__ import annotations
 
 import base64
@@ -166,3 +166,35 @@ def test_a_text_model_refuses_images_in_every_api(api_server, api_client):
         claude.messages.create(model="smollm2-135m-instruct", max_tokens=4, messages=[{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}]}])
     assert "takes no images" in e.value.body["error"]["message"]
+
+
+def test_chat_page_takes_a_dropped_image(llava):
+    from test_chat_ux import CHROMIUM, _browser
+
+    _, srv = llava
+    png = _png(9)
+    with _browser() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page()
+            page.goto(srv.url + "/")
+            page.wait_for_function("document.getElementById('model').textContent.includes('tiny-llava')")
+            dropped = page.evaluate_handle("""(b64) => {
+                const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+                const dt = new DataTransfer();
+                dt.items.add(new File([bytes], "shot.png", { type: "image/png" }));
+                return dt; }""", png)
+            page.dispatch_event("#chat", "drop", {"dataTransfer": dropped})
+            page.locator("#pending img").wait_for()
+            page.fill("#temperature", "0")
+            page.fill("#maxtokens", str(MAX_TOKENS))
+            page.fill("#input", AFTER)
+            page.keyboard.press("Enter")
+            page.wait_for_function("document.querySelector('.stats')?.textContent.includes('tokens')", timeout=60_000)
+            assert page.locator(".msg.user img").count() == 1 and page.locator("#pending img").count() == 0
+            expected = _chat(srv, [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
+                {"type": "text", "text": AFTER.strip()}]}]).choices[0].message.content  # the page trims its input
+            assert page.text_content(".msg.assistant") == expected
+        finally:
+            browser.close()

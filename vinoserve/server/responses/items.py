@@ -63,6 +63,13 @@ def listed(items: list[dict]) -> list[dict]:
     return out
 
 
+def first_image(items: list[dict]) -> str | None:
+    """Where the first input_image part of `items` is (input.N.message.content.K), if any."""
+    return next((f"input.{i}.message.content.{k}" for i, item in enumerate(items)
+                 if item.get("type", "message") == "message" and isinstance(item.get("content"), list)
+                 for k, p in enumerate(item["content"]) if p.get("type") == "input_image"), None)
+
+
 def _content(content: str | list[dict]) -> str | list[dict]:
     """A message's content for chat: its text, or its text and image parts where it holds images."""
     if isinstance(content, str) or not any(p.get("type") == "input_image" for p in content):

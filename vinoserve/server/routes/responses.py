@@ -14,7 +14,7 @@ from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.server.chat_prep import chat_request, prepare_chat
 from vinoserve.server.delivery import event_stream_response, sse, unless_disconnected
 from vinoserve.server.errors import APIError, renamed
-from vinoserve.server.responses.items import item_id, leading_system, listed, to_messages
+from vinoserve.server.responses.items import first_image, item_id, leading_system, listed, to_messages
 from vinoserve.server.builders import built, streamed
 from vinoserve.server.responses.render import ResponseBuilder
 from vinoserve.server.responses.request import ResponsesRequest, chat_fields
@@ -41,6 +41,8 @@ async def create_response(body: ResponsesRequest, raw: Request, serving: Serving
     earlier = store.get(body.previous_response_id, "previous_response_id").conversation \
         if body.previous_response_id else []
     items = body.items()
+    if serving.engine.vision is None and (at := first_image(items)) is not None:
+        raise APIError(400, "this model takes no images: serve a vision model with its projector (--mmproj)", at)
     instructions = [{"type": "message", "role": "system", "content": body.instructions}] if body.instructions else []
     try:
         messages = leading_system(to_messages([*instructions, *earlier, *items]))
