@@ -232,3 +232,34 @@ def test_chat_page_streams_a_reply_and_stops_server_side(server, tmp_path):
         finally:
             browser.close()
 
+
+
+def test_terminal_chat_attaches_images_to_the_next_message(tmp_path):
+    """`/image PATH` sends the file as a data: URL with the next message only; a missing file is a note."""
+    import base64
+    import io
+
+    from vinoserve.chat import Conversation
+
+    class Recorder:  # a ChatClient: what the conversation would send
+        def __init__(self):
+            self.sent = []
+
+        def stream(self, messages, stats):
+            self.sent.append(messages)
+            yield "ok"
+
+    picture = tmp_path / "shot.jpg"
+    picture.write_bytes(b"\xff\xd8\xff\xe0 jpeg bytes")
+    client, out, err = Recorder(), io.StringIO(), io.StringIO()
+    chat = Conversation(client, out=out, err=err)
+    chat.handle(f"/image {tmp_path / 'missing.png'}")
+    assert "error: /image" in err.getvalue()
+    chat.handle(f"/image {picture}")
+    chat.handle("What is this?")
+    chat.handle("And now?")
+    first, second = client.sent[0][-1]["content"], client.sent[1][-1]["content"]
+    assert first == [{"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,"
+                                                                + base64.b64encode(picture.read_bytes()).decode()}},
+                     {"type": "text", "text": "What is this?"}]
+    assert second == "And now?" and client.sent[1][0]["content"] == first  # the history keeps the image
