@@ -86,9 +86,9 @@ def _hf_reply(hf, srv: ServerProcess, png: str) -> str:
     return httpx.post(f"{srv.url}/detokenize", json={"tokens": out[0, len(ids):].tolist()}).json()["prompt"]
 
 
-def _chat(srv: ServerProcess, messages: list[dict], **extra):
+def _chat(srv: ServerProcess, messages: list[dict], model: str = "tiny-llava", **extra):
     client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
-    return client.chat.completions.create(model="tiny-llava", messages=messages, max_tokens=MAX_TOKENS,
+    return client.chat.completions.create(model=model, messages=messages, max_tokens=MAX_TOKENS,
                                           temperature=0, **extra)
 
 
@@ -198,3 +198,53 @@ def test_chat_page_takes_a_dropped_image(llava):
             assert page.text_content(".msg.assistant") == expected
         finally:
             browser.close()
+
+
+IDEFICS3_TOKENS = ["<fake_token_around_image>", "<global-img>"] + [f"<row_{r}_col_{c}>" for r in (1, 2) for c in (1, 2)]
+IDEFICS3_VOCAB = Vocab(VOCAB.tokens + IDEFICS3_TOKENS, VOCAB.types + [3] * len(IDEFICS3_TOKENS), EOS_ID)
+
+
+@pytest.fixture(scope="module")
+def smolvlm(tmp_path_factory):
+    """A tiny Idefics3 (SmolVLM's family): SigLIP, pixel shuffle, images over 32 px cut into tiles."""
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3VisionConfig
+
+    text = tiny_hf_model("llama", vocab=IDEFICS3_VOCAB)
+    vision = Idefics3VisionConfig(image_size=32, patch_size=8, num_hidden_layers=2, hidden_size=32,
+                                  intermediate_size=40, num_attention_heads=2)
+    hf = Idefics3ForConditionalGeneration(Idefics3Config(vision_config=vision, text_config=text.config, scale_factor=2,
+                                                         image_token_id=IMAGE_TOKEN)).eval()
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "vision_model" in name or "connector" in name:
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g) if "norm" in name and name.endswith("weight")
+                        else 0.3 * torch.randn(p.shape, generator=g))
+    hf.model.text_model.load_state_dict(text.model.state_dict())
+    hf.lm_head.load_state_dict(text.lm_head.state_dict())
+    hf.generation_config.eos_token_id = None
+    where = tmp_path_factory.mktemp("smolvlm")
+    srv = ServerProcess("--model", str(write_gguf(text, where / "tiny-smolvlm.gguf", vocab=IDEFICS3_VOCAB)),
+                        "--mmproj", str(write_mmproj(hf, where / "projector.gguf")),
+                        "--inference-precision", "f32", "--kv-cache-precision", "f32", "--kv-cache-size", "0.1",
+                        log_path=where / "server.log").wait_ready()
+    yield hf, srv
+    assert srv.terminate() == 0
+
+
+def test_smolvlm_tiles_an_image_as_transformers_does(smolvlm):
+    from transformers import Idefics3ImageProcessorPil
+
+    hf, srv = smolvlm
+    png = _png(10, (60, 45))  # over 32 px: a 2 x 2 grid of tiles and the whole image
+    ids = _tokens(srv, png)
+    assert ids.count(IMAGE_TOKEN) == 5 * 4  # five frames of (32 / 8 / 2)^2 rows
+    image = Image.open(io.BytesIO(base64.b64decode(png)))
+    inputs = Idefics3ImageProcessorPil(size={"longest_edge": 64}, max_image_size={"longest_edge": 32},
+                                       image_mean=[0.5] * 3, image_std=[0.5] * 3)(image, return_tensors="pt")
+    with torch.no_grad():
+        out = hf.generate(input_ids=torch.tensor([ids]), pixel_values=inputs.pixel_values,
+                          pixel_attention_mask=inputs.pixel_attention_mask, max_new_tokens=MAX_TOKENS, do_sample=False)
+    expected = httpx.post(f"{srv.url}/detokenize", json={"tokens": out[0, len(ids):].tolist()}).json()["prompt"]
+    reply = _chat(srv, _messages(png), "tiny-smolvlm", extra_body={"ignore_eos": True})
+    assert reply.choices[0].message.content == expected
