@@ -217,3 +217,16 @@ def test_gpt_oss_gguf_stops_on_return_and_call_but_not_end():
                              eot_token_id=1, eom_token_id=None, add_bos_token=False, add_eos_token=False,
                              add_space_prefix=False, chat_template=None)
     assert meta.eos_token_ids == [2, 3]
+
+
+def test_grammars_hold_tags_spelled_as_text_where_they_are_not_special_tokens():
+    text_vocab = [bytes([b]) for b in range(256)] + [b"<eos>"]
+    compiler = GrammarCompiler(text_vocab, len(text_vocab), [256], [256], lambda s: list(s.encode()))
+    reply = (ANALYSIS + "<|start|>assistant" + IN_CHANNEL.format("get_time", ROME)).encode()
+    for spec, good in [(Harmony().grammar(REQUIRED), reply),
+                       (select_reasoning("harmony", "").constrain(GrammarSpec.json_schema(CITY), Start.UNOPENED),
+                        ("<|channel|>final<|message|>" + PARIS).encode())]:
+        matcher = compiler.matcher(spec).matcher
+        assert all(matcher.consume_token(b) for b in good) and matcher.consume_token(256)
+        bad = compiler.matcher(spec).matcher
+        assert not all(bad.consume_token(b) for b in good.replace(b"<|message|>", b"<|massage|>", 1))
