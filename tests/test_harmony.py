@@ -119,6 +119,10 @@ CASES = [
     ("<|channel|>commentary<|message|>Let me check.<|end|><|start|>assistant<|channel|>final<|message|>Done.",
      [TextDelta("Let me check."), TextDelta("Done.")]),
     ("<|channel|>analysis<|message|>Hmm, <|ch", [ReasoningDelta("Hmm, <|ch")]),
+    # cut short in a header: it opened no message; text that never became a tag is text
+    ("<|channel|>analysis<|message|>Hmm.<|end|><|start|>assistant<|channel|>fin", [ReasoningDelta("Hmm.")]),
+    ("Plain <b>", [TextDelta("Plain <b>")]),
+    ("<", [TextDelta("<")]),
 ]
 
 

@@ -76,11 +76,12 @@ class HarmonyParser:
         return events
 
     def finish(self) -> list[Event]:
-        """What was held back, once the reply has ended: a header never completed is text."""
+        """What was held back, once the reply has ended. A header cut short (at max_tokens) is
+        dropped: it opened no message."""
         events: list[Event] = []
         if self.mode == "body":
             self._emit(events, self.held)
-        else:
+        elif self.mode == "open":
             events += _text(self.held)
         self.held = ""
         return events
