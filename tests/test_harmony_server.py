@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -40,7 +41,7 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("log") / "server.log"
     srv = ServerProcess("--model", str(path), *F32, log_path=log).wait_ready()
     client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
-    yield client, client.models.list().data[0].id
+    yield client, client.models.list().data[0].id, srv.url
     assert srv.terminate() == 0
     text = log.read_text()
     assert "Traceback" not in text
@@ -69,7 +70,7 @@ def _ask(client: openai.OpenAI, model: str, **kwargs) -> tuple[dict, dict]:
 
 
 def test_forced_call_is_a_valid_call(server):
-    client, model = server
+    client, model, _ = server
     whole, streamed = _ask(client, model, tools=TOOLS, tool_choice="required")
     assert whole == streamed
     assert whole["content"] is None and whole["finish"] == "stop" and len(whole["calls"]) == 1
@@ -79,7 +80,7 @@ def test_forced_call_is_a_valid_call(server):
 
 
 def test_named_call_and_the_call_and_its_result_sent_back(server):
-    client, model = server
+    client, model, _ = server
     named = {"type": "function", "function": {"name": "get_time"}}
     whole, _ = _ask(client, model, tools=TOOLS, tool_choice=named)
     assert [c[0] for c in whole["calls"]] == ["get_time"]
@@ -91,7 +92,7 @@ def test_named_call_and_the_call_and_its_result_sent_back(server):
 
 
 def test_response_format_answer_comes_as_content(server):
-    client, model = server
+    client, model, _ = server
     fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY}}
     whole, streamed = _ask(client, model, response_format=fmt)
     assert whole == streamed and whole["calls"] == [] and whole["finish"] == "stop"
@@ -100,7 +101,7 @@ def test_response_format_answer_comes_as_content(server):
 
 def test_an_analysis_opened_first_is_split_off(server):
     # "a" (analysis, not final) pushed up enough to win the channel, <|end|> more: an empty analysis.
-    client, model = server
+    client, model, _ = server
     fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY}}
     r = client.chat.completions.create(model=model, messages=ASK, temperature=0, max_tokens=80, response_format=fmt,
                                        logit_bias={str(END): 100, str(TOKENS.index("a")): 30})
@@ -109,3 +110,22 @@ def test_an_analysis_opened_first_is_split_off(server):
     assert getattr(m, "reasoning_content", None) is None
     # <|channel|>analysis<|message|><|end|><|start|>assistant<|channel|>final<|message|>, byte by byte
     assert r.usage.completion_tokens >= 28 + len(m.content)
+
+
+def test_anthropic_thinking_and_tool_turns_render_through_the_template(server):
+    # Claude Code's shape: the thinking block goes back as the turn's reasoning, which gpt-oss's
+    # template keeps before a call as an analysis message.
+    _, model, url = server
+    turn = [{"type": "thinking", "thinking": "Look it up.", "signature": ""},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_time", "input": {"city": "Rome"}}]
+
+    def count(blocks: list[dict]) -> int:
+        r = httpx.post(f"{url}/v1/messages/count_tokens", json={
+            "model": model, "tools": [{"name": "get_time", "input_schema": CITY}],
+            "messages": [{"role": "user", "content": "Time in Rome?"}, {"role": "assistant", "content": blocks},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                                       "content": "10:00"}]}]})
+        assert r.status_code == 200, r.text
+        return r.json()["input_tokens"]
+    # <|start|> assistant <|channel|> analysis <|message|> Look it up. <|end|>: 1 + 9 + 1 + 8 + 1 + 11 + 1 tokens
+    assert count(turn) - count(turn[1:]) == 32
