@@ -69,7 +69,7 @@ def test_history_renders_reasoning_calls_and_results_as_gpt_oss_writes_them():
 
 def test_earlier_answers_render_without_their_reasoning_and_without_tools_declared():
     text = _render([{"role": "user", "content": "Hi"},
-                    {"role": "assistant", "content": "Hello!", "reasoning_content": "Greet back."},
+                    {"role": "assistant", "content": "Hello!", "reasoning_content": "Greet back.", "tool_calls": []},
                     {"role": "user", "content": "Bye"}], None)
     assert "<|start|>assistant<|channel|>final<|message|>Hello!<|end|>" in text
     assert "Greet back." not in text and "# Tools" not in text

@@ -71,6 +71,8 @@ def harmony_messages(messages: list[dict]) -> list[dict]:
         if m.get("role") != "assistant":
             out.append(m)
             continue
+        if not m.get("tool_calls"):
+            m.pop("tool_calls", None)  # the template reads any `tool_calls` key as a call
         if isinstance(m.get("reasoning_content"), str):
             m["thinking"] = m.pop("reasoning_content")
             if m.get("tool_calls"):
