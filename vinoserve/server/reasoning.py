@@ -100,7 +100,8 @@ class HarmonyReasoning(ReasoningFormat):
         return HarmonyParser()
 
     def constrain(self, inner: GrammarSpec, state: Start, tools: bool = False) -> GrammarSpec:
-        """Any analysis first, then `inner` as the final message's body; the harmony tool grammar
+        """One analysis message at most first (as for forced calls, tools/harmony.py), then `inner`
+        as the final message's body; the harmony tool grammar
         frames its messages itself (tools/harmony.py), reasoning included."""
         if tools:
             return inner

@@ -39,8 +39,10 @@ class Harmony(ToolFormat):
         return native_messages(harmony_messages(messages)), ({"tools": tools} if plan else {})
 
     def grammar(self, plan: ToolPlan) -> GrammarSpec | None:
-        """Forced: any analysis, then one call to one of the functions, its arguments held to its
-        schema (the stop tokens, `<|call|>` among them, end it). Auto: unconstrained."""
+        """Forced: one analysis message at most (llama.cpp allows any number, but a model free to
+        reopen the analysis after each would never have to call), then one call to one of the
+        functions, its arguments held to its schema (the stop tokens, `<|call|>` among them, end
+        it). Auto: unconstrained."""
         if not plan.forced:
             return None
         tag = lambda t: lark_tag(t, self.special_tokens)  # noqa: E731
