@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from functools import partial
 
 from vinoserve.server.events import Event, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart
 
@@ -41,7 +42,7 @@ def lark_tag(text: str, special_tokens: Mapping[str, int]) -> str:
 def analysis_rules(special_tokens: Mapping[str, int]) -> str:
     """Lark rules for `analysis`: one analysis message, `<|end|>` included, and `next`: the start of
     the message after it (the prompt already opened the first)."""
-    tag = lambda t: lark_tag(t, special_tokens)  # noqa: E731
+    tag = partial(lark_tag, special_tokens=special_tokens)
     if END in special_tokens:  # a special token never matches text: the free text ends where it comes
         think = f"THINK {tag(END)}\nTHINK: /(.|\\n)*/"
     else:

@@ -25,6 +25,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
+from functools import partial
 
 from vinoserve.scheduler.grammar import GrammarSpec
 from vinoserve.server.events import Event, ReasoningDelta, TextDelta
@@ -106,7 +107,7 @@ class HarmonyReasoning(ReasoningFormat):
         if tools:
             return inner
         special = dict(self.special_tokens)
-        tag = lambda t: lark_tag(t, special)  # noqa: E731
+        tag = partial(lark_tag, special_tokens=special)
         final = f'{tag(CHANNEL)} "final" (" "? {tag(CONSTRAIN)}? "json")? {tag(MESSAGE)}'
         return GrammarSpec.composed(f"start: (analysis next)? {final} @inner\n{analysis_rules(special)}", inner)
 

@@ -14,6 +14,7 @@ messages in that shape.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 
 from vinoserve.scheduler.grammar import GrammarSpec
 from vinoserve.server.harmony import CALL, CHANNEL, CONSTRAIN, MESSAGE, HarmonyParser, analysis_rules, lark_tag
@@ -45,7 +46,7 @@ class Harmony(ToolFormat):
         it). Auto: unconstrained."""
         if not plan.forced:
             return None
-        tag = lambda t: lark_tag(t, self.special_tokens)  # noqa: E731
+        tag = partial(lark_tag, special_tokens=self.special_tokens)
         kind = f'(" "? {tag(CONSTRAIN)}? "json")?'
         rules = []
         for i, f in enumerate(plan.functions):
