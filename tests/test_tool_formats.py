@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,7 @@ def test_auto_detects_the_family_from_the_template(template, expected):
 
 
 def test_named_formats_and_the_fallback():
-    assert list(FORMATS) == ["hermes", "llama3_json", "mistral", "generic"]
+    assert list(FORMATS) == ["hermes", "llama3_json", "mistral", "harmony", "generic"]
     assert select_tool_format("hermes", "").name == "hermes"  # e.g. with --chat-template of one's own
     assert select_tool_format("auto", "{{ messages[0].content }}").name == "generic"
     qwen3_coder = "<tool_call>\n<function=get_weather>\n<parameter=city>"  # XML calls: not Hermes
@@ -163,7 +164,9 @@ def test_tool_parameters_with_defs_compile_in_every_format():
               "type": "object", "properties": {"place": {"$ref": "#/$defs/Place"}}, "required": ["place"]}
     plan = ToolPlan(({"name": "visit", "parameters": params}, {"name": "stay", "parameters": params}), False, True)
     for fmt in FORMATS.values():
-        COMPILER.compile(fmt().grammar(plan))
+        for forced in (False, True):  # harmony leaves auto free (None)
+            if (spec := fmt().grammar(replace(plan, forced=forced))) is not None:
+                COMPILER.compile(spec)
     assert _accepts(FORMATS["hermes"](), plan, [
         '<tool_call>\n{"name": "stay", "arguments": {"place": {"city": "Oslo"}}}\n</tool_call>'])
 

@@ -103,7 +103,13 @@ class TokenizerMetadata:
     @property
     def eos_token_ids(self) -> list[int]:
         """Every id that ends generation (llama.cpp's end-of-generation set, minus text guessing)."""
-        ids = (self.eos_token_id, self.eot_token_id, self.eom_token_id)
+        ids = [self.eos_token_id, self.eot_token_id, self.eom_token_id]
+        if "<|call|>" in self.tokens and "<|return|>" in self.tokens:
+            # gpt-oss (OpenAI's harmony format): a reply ends with <|return|> or, to call a tool,
+            # <|call|> (its generation_config's eos ids, llama.cpp's end-of-generation set); its GGUF
+            # names only the first. <|end|> only closes a message (the reasoning) within a reply.
+            end = self.tokens.index("<|end|>") if "<|end|>" in self.tokens else None
+            ids = [i for i in ids if i != end] + [self.tokens.index("<|return|>"), self.tokens.index("<|call|>")]
         return list(dict.fromkeys(i for i in ids if i is not None))
 
     @property

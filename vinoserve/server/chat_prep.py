@@ -87,13 +87,15 @@ async def prepare_chat(serving: Serving, req: ChatCompletionRequest) -> Prepared
         found = (spec, "tools") if spec is not None else None
     grammar = None
     if found is not None:
-        grammar = setup.reasoning.constrain(found[0], start) if setup.reasoning else found[0]
+        grammar = setup.reasoning.constrain(found[0], start, tools=found[1] == "tools") if setup.reasoning \
+            else found[0]
         await compile_grammar(serving.engine.grammars, grammar, found[1])
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     scoring = prompt_scoring(req, False, max_tokens)
     params = serving.sampling_params(req, max_tokens, len(prompt), (req.top_logprobs or 0) if req.logprobs else None,
                                      grammar, scoring.engine_k)
-    if tools is not None and not setup.tool_format.skip_special_tokens:
+    if (tools is not None and not setup.tool_format.skip_special_tokens) or \
+            (setup.reasoning is not None and not setup.reasoning.skip_special_tokens):
         params = replace(params, skip_special_tokens=False)
     return PreparedChat(prompt, params, scoring, tools, setup.tool_format, setup.reasoning, start, images)
 

@@ -45,10 +45,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="a Jinja chat template to use instead of the model's")
     p.add_argument("--tool-call-parser", default="auto", choices=tools.CHOICES,
                    help="the format tool calls are written in: hermes (Qwen, Hermes), llama3_json (Llama 3.x), "
-                        "mistral, or generic (a JSON reply any model can be held to); auto (default) detects it "
+                        "mistral, harmony (gpt-oss), or generic (a JSON reply any model can be held to); auto (default) detects it "
                         "from the chat template, else generic")
     p.add_argument("--reasoning-parser", default="auto", choices=reasoning.CHOICES,
-                   help="split a reasoning model's <think>...</think> off into reasoning_content: auto (default) "
+                   help="split a reasoning model's <think>...</think> (gpt-oss: its analysis channel, harmony) off into "
+                        "reasoning_content: auto (default) "
                         "detects the family from the chat template, none turns it off")
     p.add_argument("--encoder-threads", type=int, default=None,
                    help="inference threads of each embedder and reranker (default: all cores; fewer leaves "

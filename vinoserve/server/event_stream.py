@@ -18,6 +18,7 @@ from vinoserve.model.tokenizer import Tokenizer
 from vinoserve.server.events import (ChoiceResult, Event, Finish, Logprobs, PromptLogprobs, Step, TextDelta,
                                      Usage)
 from vinoserve.server.logprobs import output_entries
+from vinoserve.server.harmony import HarmonyParser
 from vinoserve.server.metrics import Metrics
 from vinoserve.server.reasoning import ReasoningParser
 from vinoserve.server.tools.format import ToolCallParser
@@ -36,7 +37,8 @@ class PlainText:
 class ParsedText:
     """Reasoning split off first (if the model reasons), then tool calls read from the answer."""
 
-    def __init__(self, reasoning: ReasoningParser | None, tools: ToolCallParser | None, forced: bool) -> None:
+    def __init__(self, reasoning: ReasoningParser | HarmonyParser | None, tools: ToolCallParser | HarmonyParser | None,
+                 forced: bool) -> None:
         self.reasoning, self.tools, self.forced = reasoning, tools, forced
 
     def feed(self, text: str) -> list[Event]:

@@ -15,15 +15,22 @@ as llama.cpp and vLLM do. Then:
 `--reasoning-parser` names one of FORMATS, `none`, or `auto`: the first format whose `detect`
 accepts the chat template, else none. The tags are matched as text, so they work whether the
 tokenizer has them as single (non-special) tokens or spells them out.
+
+gpt-oss reasons in OpenAI's harmony format instead (harmony.py): `HarmonyReasoning`, whose tags are
+special tokens, kept in the text for its parser and named by id in its grammar.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from enum import Enum
+from functools import partial
 
 from vinoserve.scheduler.grammar import GrammarSpec
 from vinoserve.server.events import Event, ReasoningDelta, TextDelta
+from vinoserve.server.harmony import (CHANNEL, CONSTRAIN, END, MESSAGE, TAGS, HarmonyParser, analysis_rules,
+                                      lark_tag)
 
 
 class Start(Enum):
@@ -41,6 +48,12 @@ class ReasoningFormat:
     # DeepSeek-R1: text before the end tag is reasoning even when no start tag was seen (its older
     # templates leave `<think>` to the model, which sometimes leaves it out).
     implicit: bool = False
+    # False for tags that are special tokens: the engine then keeps them in the text for the parser.
+    skip_special_tokens: bool = True
+
+    def with_special_tokens(self, special_tokens: Mapping[str, int]) -> ReasoningFormat:
+        """This format for a tokenizer with these special tokens (by text)."""
+        return self
 
     def detect(self, template: str) -> bool:
         return self.start in template and self.marker in template
@@ -53,11 +66,12 @@ class ReasoningFormat:
             return Start.CLOSED
         return Start.OPEN if self.implicit else Start.UNOPENED
 
-    def parser(self, state: Start) -> ReasoningParser:
+    def parser(self, state: Start) -> ReasoningParser | HarmonyParser:
         return ReasoningParser(self, state)
 
-    def constrain(self, inner: GrammarSpec, state: Start) -> GrammarSpec:
-        """`inner` held to the answer only: any reasoning first, up to and including the end tag."""
+    def constrain(self, inner: GrammarSpec, state: Start, tools: bool = False) -> GrammarSpec:
+        """`inner` held to the answer only: any reasoning first, up to and including the end tag.
+        `tools`: `inner` is the tool format's grammar."""
         if state is Start.CLOSED:
             return inner
         # A little whitespace may follow the end tag (Qwen3 writes "\n\n"); unbounded, a small model
@@ -68,23 +82,59 @@ class ReasoningFormat:
         return GrammarSpec.composed(f"start: (WS? {json.dumps(self.start)} think WS?)? @inner\n{rules}", inner)
 
 
-# Both families write the same tags; they differ in what an output without a start tag means.
+@dataclass(frozen=True)
+class HarmonyReasoning(ReasoningFormat):
+    """gpt-oss: reasoning is the analysis channel's messages, the answer the final channel's."""
+
+    special_tokens: tuple[tuple[str, int], ...] = ()  # the harmony tags that are special tokens
+
+    def with_special_tokens(self, special_tokens: Mapping[str, int]) -> HarmonyReasoning:
+        return replace(self, special_tokens=tuple((t, special_tokens[t]) for t in TAGS if t in special_tokens))
+
+    def detect(self, template: str) -> bool:
+        return self.start in template
+
+    def start_state(self, prompt_text: str) -> Start:
+        return Start.UNOPENED  # the prompt ends `<|start|>assistant`: a channel comes first
+
+    def parser(self, state: Start) -> HarmonyParser:
+        return HarmonyParser()
+
+    def constrain(self, inner: GrammarSpec, state: Start, tools: bool = False) -> GrammarSpec:
+        """One analysis message at most first (as for forced calls, tools/harmony.py), then `inner`
+        as the final message's body; the harmony tool grammar
+        frames its messages itself (tools/harmony.py), reasoning included."""
+        if tools:
+            return inner
+        special = dict(self.special_tokens)
+        tag = partial(lark_tag, special_tokens=special)
+        final = f'{tag(CHANNEL)} "final" (" "? {tag(CONSTRAIN)}? "json")? {tag(MESSAGE)}'
+        return GrammarSpec.composed(f"start: (analysis next)? {final} @inner\n{analysis_rules(special)}", inner)
+
+
+# Both tag families write the same tags; they differ in what an output without a start tag means.
 FORMATS: dict[str, ReasoningFormat] = {f.name: f for f in (
     ReasoningFormat("deepseek_r1", marker="｜Assistant｜", implicit=True),
     ReasoningFormat("qwen3", marker="</think>"),
+    HarmonyReasoning("harmony", marker=CHANNEL, start=CHANNEL + "analysis" + MESSAGE, end=END,
+                     skip_special_tokens=False),
 )}
 CHOICES = ("auto", *FORMATS, "none")
 
 
-def select_reasoning(name: str, template: str) -> ReasoningFormat | None:
-    """The format `--reasoning-parser NAME` means for a model with this chat template."""
+def select_reasoning(name: str, template: str, special_tokens: Mapping[str, int] | None = None
+                     ) -> ReasoningFormat | None:
+    """The format `--reasoning-parser NAME` means for a model with this chat template and these
+    special tokens (by text)."""
     if name == "auto":
-        return next((f for f in FORMATS.values() if f.detect(template)), None)
-    if name == "none":
+        found = next((f for f in FORMATS.values() if f.detect(template)), None)
+    elif name == "none":
         return None
-    if name not in FORMATS:
+    elif name not in FORMATS:
         raise ValueError(f"--reasoning-parser must be one of {', '.join(CHOICES)}; got {name!r}")
-    return FORMATS[name]
+    else:
+        found = FORMATS[name]
+    return found.with_special_tokens(special_tokens or {}) if found is not None else None
 
 
 class ReasoningParser:

@@ -45,7 +45,7 @@ class ChatSetup:
         special = {tokenizer.token_bytes[i].decode("utf-8", "replace"): i
                    for i in sorted(tokenizer.special_token_ids) if i < len(tokenizer.token_bytes)}
         return cls(template, select_tool_format(tool_call_parser, template, special),
-                   select_reasoning(reasoning_parser, template),
+                   select_reasoning(reasoning_parser, template, special),
                    "the chat template of --chat-template" if chat_template is not None else cls.template_name)
 
     def describe(self) -> str:

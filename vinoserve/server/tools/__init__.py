@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from vinoserve.server.tools.format import ToolCallParser, ToolFormat
 from vinoserve.server.tools.generic import GenericFormat
+from vinoserve.server.tools.harmony import Harmony
 from vinoserve.server.tools.hermes import Hermes
 from vinoserve.server.tools.llama3 import Llama3Json
 from vinoserve.server.tools.mistral import Mistral
@@ -14,7 +15,7 @@ from vinoserve.server.tools.plan import ToolPlan, tool_plan
 
 # Tried in this order by auto (Hermes 2 Pro on Llama 3 has both Hermes and Llama 3 markers; its
 # calls are Hermes'); generic, the fallback, last.
-FORMATS: dict[str, type[ToolFormat]] = {f.name: f for f in (Hermes, Llama3Json, Mistral, GenericFormat)}
+FORMATS: dict[str, type[ToolFormat]] = {f.name: f for f in (Hermes, Llama3Json, Mistral, Harmony, GenericFormat)}
 CHOICES = ("auto", *FORMATS)
 
 
