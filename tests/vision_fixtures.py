@@ -5,6 +5,8 @@ the feature layer made non-negative), convert_hf_to_gguf.py's Gemma3VisionModel 
 stored as 1 + w, the pool kernel as projector.scale_factor when not 4) and SmolVLMModel."""
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
@@ -159,3 +161,19 @@ def write_mmproj(model, path: Path, *, matrices: str = "F32", feature_layer: boo
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+@contextlib.contextmanager
+def pieces_fed(runner) -> Iterator[list[int]]:
+    """The rows of each piece of an image an engine's ModelRunner is fed while inside."""
+    seen, prepare = [], runner.prepare
+
+    def spy(chunks, rotation=None):
+        seen.extend(len(rows) for c in chunks for _, rows in c.images)
+        return prepare(chunks, rotation)
+
+    runner.prepare = spy
+    try:
+        yield seen
+    finally:
+        del runner.prepare
