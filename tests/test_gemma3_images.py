@@ -4,20 +4,16 @@ projector, the 6-layer Gemma 3 text model of the GGUF fixtures, sliding window 2
 image) generates greedily with its own image features; the engine, given the same features,
 gives the same tokens with the same logprobs: one image and two, batched, an image the chunk
 budget would cut (kept whole, even past a budget smaller than the image), a repeat from the
-prefix cache and a prompt whose cached prefix would end inside an image (not taken). HF with the
-image rows left causal answers otherwise, so the comparison sees the difference. The Gemma 3
-projector loads only beside a language model compiled so."""
+prefix cache and a prompt whose cached prefix would end inside an image (not taken), through
+preemption. HF with the image rows left causal answers otherwise, so the comparison sees the
+difference. The Gemma 3 projector loads only beside a language model compiled so."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 from gguf_fixtures import FAMILIES, tiny_hf_model, write_gguf
-from transformers import (
-    Gemma3Config,
-    Gemma3ForConditionalGeneration,
-    SiglipVisionConfig,
-)
+from transformers import Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig
 from vision_fixtures import pieces_fed, write_mmproj
 
 from vinoserve.engine.llm import LLM
@@ -99,9 +95,9 @@ def _hf_generate(hf, ids: list[int], pixels: torch.Tensor | None, both_ways: boo
 
 
 def _llm(path: str, budget: int = 16, prefix: bool | None = False) -> LLM:
+    scheduler = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=budget)
     return LLM(EngineConfig(model=path, compile=F32, num_kv_blocks=64, enable_prefix_caching=prefix,
-                            image_inputs=True, scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=budget)),
-               log=lambda m: None)
+                            image_inputs=True, scheduler=scheduler), log=lambda m: None)
 
 
 def _assert_as_hf(hf, prompts, outputs) -> None:
@@ -157,6 +153,18 @@ def test_a_repeat_hits_the_prefix_cache_and_a_hit_never_ends_inside_an_image(gem
         _assert_as_hf(hf, [p], outputs)
     assert hits[0] == 0 and hits[1] == 64  # both full blocks, the image inside the first two
     assert hits[2] == 0  # only the first block matches, and it ends inside the image
+
+
+def test_preemption_recomputes_each_image_whole(gemma3):
+    hf, path, _, images = gemma3
+    # 60 tokens each, 68 by the end: 18 blocks across its layer groups (global and windowed), 20 in all
+    prompts = [_prompt([_text(12 + i, 4), i, _text(20 + i, 38)], images) for i in range(3)]
+    llm = LLM(EngineConfig(model=path, compile=F32, num_kv_blocks=20, enable_prefix_caching=False, image_inputs=True,
+                           scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64)), log=lambda m: None)
+    with pieces_fed(llm.engine.runner) as pieces:
+        outputs = llm.generate([p[0] for p in prompts], GREEDY, images=[p[1] for p in prompts])
+    assert llm.engine.scheduler.num_preemptions > 0 and set(pieces) == {ROWS}
+    _assert_as_hf(hf, prompts, outputs)
 
 
 def test_images_longer_than_the_sliding_window_are_refused(gemma3):
