@@ -20,7 +20,7 @@ from gguf_fixtures import EOS_ID, TOKENS, Vocab, tiny_hf_model, write_gguf
 from PIL import Image
 from server_process import ServerProcess
 from transformers import CLIPImageProcessorPil, CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration
-from vision_fixtures import CLIP_MEAN, CLIP_STD, write_mmproj
+from vision_fixtures import CLIP_MEAN, CLIP_STD, with_text_model, write_mmproj
 
 VOCAB = Vocab(TOKENS + ["<image>"], [1] * (len(TOKENS) - 2) + [3, 3, 3], EOS_ID)
 IMAGE_TOKEN = len(TOKENS)
@@ -42,15 +42,7 @@ def llava(tmp_path_factory):
                               num_hidden_layers=3, projection_dim=16)
     hf = LlavaForConditionalGeneration(LlavaConfig(vision_config=vision, text_config=text.config,
                                                    image_token_index=IMAGE_TOKEN)).eval()
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if "vision_tower" in name or "multi_modal_projector" in name:
-                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g) if "norm" in name and name.endswith("weight")
-                        else 0.3 * torch.randn(p.shape, generator=g))
-    hf.model.language_model.load_state_dict(text.model.state_dict())
-    hf.lm_head.load_state_dict(text.lm_head.state_dict())
-    hf.generation_config.eos_token_id = None
+    with_text_model(hf, text)
     where = tmp_path_factory.mktemp("llava")
     write_mmproj(hf, where / "mmproj-tiny-llava.gguf")
     srv = ServerProcess("--model", str(write_gguf(text, where / "tiny-llava.gguf", vocab=VOCAB)),

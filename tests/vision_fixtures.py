@@ -5,6 +5,8 @@ the feature layer made non-negative), convert_hf_to_gguf.py's Gemma3VisionModel 
 stored as 1 + w, the pool kernel as projector.scale_factor when not 4) and SmolVLMModel."""
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
@@ -159,3 +161,34 @@ def write_mmproj(model, path: Path, *, matrices: str = "F32", feature_layer: boo
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+@contextlib.contextmanager
+def pieces_fed(runner) -> Iterator[list[int]]:
+    """The rows of each piece of an image an engine's ModelRunner is fed while inside."""
+    seen, prepare = [], runner.prepare
+
+    def spy(chunks, rotation=None):
+        seen.extend(len(rows) for c in chunks for _, rows in c.images)
+        return prepare(chunks, rotation)
+
+    runner.prepare = spy
+    try:
+        yield seen
+    finally:
+        del runner.prepare
+
+
+def with_text_model(hf, text) -> None:
+    """In place: a vision-language model's tower and projector random (seed 3; norms near 1,
+    other weights at 0.3, rows of the text embeddings' scale), its language model and LM head
+    `text`'s (a tiny_hf_model), EOS just another token (as with ignore_eos)."""
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "vision_tower" in name or "multi_modal_projector" in name:
+                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g) if "norm" in name and name.endswith("weight")
+                        else 0.3 * torch.randn(p.shape, generator=g))
+    hf.model.language_model.load_state_dict(text.model.state_dict())
+    hf.lm_head.load_state_dict(text.lm_head.state_dict())
+    hf.generation_config.eos_token_id = None

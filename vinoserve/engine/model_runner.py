@@ -11,6 +11,7 @@ import openvino as ov
 
 from vinoserve.cache.kv_cache import KVCache
 from vinoserve.model import lowbit
+from vinoserve.model.image_attention import TOKEN_TYPES
 from vinoserve.model.image_inputs import IMAGE_EMBEDS, IMAGE_ROWS
 from vinoserve.model.paged import SAMPLED_INDICES, PagedModel
 
@@ -76,6 +77,7 @@ class _InputTensors:
     def __init__(self, request: ov.InferRequest) -> None:
         self.request = request
         self.takes_images = any(IMAGE_EMBEDS in i.get_names() for i in request.model_inputs)
+        self.takes_token_types = any(TOKEN_TYPES in i.get_names() for i in request.model_inputs)
         self._buffers: dict[str, np.ndarray] = {}
         self._tensors: dict[str, ov.Tensor] = {}
 
@@ -175,7 +177,7 @@ class ModelRunner:
         if self._image_width is not None and bound.takes_images:
             # image rows come with prompt chunks only, which run on the main compilation (above):
             # a decode step gives the inputs none
-            self._image_inputs(chunks, begins, inputs)
+            self._image_inputs(chunks, begins, inputs, bound.takes_token_types)
         self._turn = (self._turn + 1) % len(self._inputs)
         inputs = bound.write(inputs)
         ids = inputs["input_ids"]
@@ -242,10 +244,14 @@ class ModelRunner:
         for layer in range(self._num_layers):
             inputs[f"block_indices.{layer}"] = tables[self._table_of[layer]]
 
-    def _image_inputs(self, chunks: Sequence[ScheduledChunk], begins: np.ndarray, inputs: dict) -> None:
+    def _image_inputs(self, chunks: Sequence[ScheduledChunk], begins: np.ndarray, inputs: dict,
+                      token_types: bool) -> None:
         """The step's image rows and the rows of its flattened tokens they replace; none (M = 0:
         the plugin takes the empty tensors, and the scatter then leaves the embeddings as they are)
-        in a step without images."""
+        in a step without images. `token_types`: the graph also takes which rows are an image's
+        (model/image_attention.py): 1 on those, the empty input (causal) in a step without any.
+        A chunk holds its images whole there (the scheduler keeps them so), so each run of 1s is
+        exactly one image."""
         rows = [np.arange(n, dtype=np.int64) + (begins[i] + at)
                 for i, c in enumerate(chunks) for at, r in c.images for n in (len(r),)]
         if rows:
@@ -254,6 +260,10 @@ class ModelRunner:
         else:
             inputs[IMAGE_ROWS] = np.zeros(0, np.int64)
             inputs[IMAGE_EMBEDS] = np.zeros((0, self._image_width), np.float32)
+        if token_types:
+            types = np.zeros(int(begins[-1]) if rows else 0, np.int32)
+            types[inputs[IMAGE_ROWS]] = 1
+            inputs[TOKEN_TYPES] = types
 
     def _rotation_inputs(self, rotation: KernelRotation | None, inputs: dict) -> None:
         head_size = self.model.facts.head_size

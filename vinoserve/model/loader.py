@@ -10,6 +10,7 @@ from vinoserve.model import default_model
 from vinoserve.model.architectures.phi3 import pin_longrope
 from vinoserve.model.convert import converted_dir
 from vinoserve.model.errors import ModelLoadError, last_line
+from vinoserve.model.image_attention import bidirectional_images, max_image_rows
 from vinoserve.model.weights import WeightFormat
 from vinoserve.model.paged import PagedModel, compile_paged
 from vinoserve.model.compile_options import CompileOptions
@@ -46,6 +47,14 @@ class LoadedModel:
     tokenizer: Tokenizer
     vision: VisionModel | None = None  # its vision tower and projector, where it takes images
 
+    @property
+    def bidirectional_rows(self) -> int | None:
+        """Its image rows attend to each other both ways, in images of at most this many rows
+        (model/image_attention.py); None: causally."""
+        if not self.paged.bidirectional_images:
+            return None
+        return max_image_rows(self.config.sliding_windows, self.config.max_context)
+
 
 def load_model(model: str | None = None, options: CompileOptions = CompileOptions(),
                weight_format: WeightFormat = "auto", log=print, mmproj: Path | None = None) -> LoadedModel:
@@ -58,8 +67,8 @@ def load_model(model: str | None = None, options: CompileOptions = CompileOption
     graph = _read_model(core, path)
     if config.rope is not None and config.rope.freq_factors is not None:
         pin_longrope(graph, config.rope)
-    paged = compile_paged(graph, options, core, config.sliding_windows)
-    vision = load_projector(mmproj, paged.image_width, paged.inference_precision, log)
+    paged = compile_paged(graph, options, core, config.sliding_windows, bidirectional_images(config.architecture))
+    vision = load_projector(mmproj, paged.image_width, paged.inference_precision, paged.bidirectional_images, log)
     return LoadedModel(path, ModelSpec.of(paged.facts, config), paged, tokenizer, vision)
 
 

@@ -22,6 +22,7 @@ import openvino as ov
 import openvino.opset13 as ops
 
 from vinoserve.model import lowbit
+from vinoserve.model.image_attention import TOKEN_TYPES
 from vinoserve.model.image_inputs import IMAGE_EMBEDS, IMAGE_ROWS
 
 TOKENS = 1
@@ -45,5 +46,7 @@ def graph(model: ov.Model) -> ov.Model:
     if IMAGE_EMBEDS in names:  # a decode step carries no image rows (they come with prompts): none, statically
         width = next(i for i in clone.inputs if IMAGE_EMBEDS in i.get_names()).get_partial_shape()[1]
         shapes |= {IMAGE_ROWS: ov.PartialShape([0]), IMAGE_EMBEDS: ov.PartialShape([ov.Dimension(0), width])}
+    if TOKEN_TYPES in names:  # nor token types: its one row is causal
+        shapes[TOKEN_TYPES] = ov.PartialShape([0])
     clone.reshape(shapes)
     return clone

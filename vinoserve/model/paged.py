@@ -20,6 +20,7 @@ from vinoserve.model.compile_options import CompileOptions
 from vinoserve.model.errors import ModelLoadError, last_line
 from vinoserve.model.graph_facts import (MAX_CONTEXT_LEN_INPUT, SLIDING_WINDOW_INPUT, GraphFacts, layer_index,
                                          lm_head, read_graph_facts)
+from vinoserve.model.image_attention import TOKEN_TYPES, add_token_types
 from vinoserve.model.image_inputs import IMAGE_EMBEDS, add_image_inputs
 
 SAMPLED_INDICES = "sampled_token_indices"
@@ -110,6 +111,11 @@ class PagedModel:
         embeds = next((i for i in self.compiled.inputs if IMAGE_EMBEDS in i.get_names()), None)
         return None if embeds is None else embeds.get_partial_shape()[1].get_length()
 
+    @property
+    def bidirectional_images(self) -> bool:
+        """Its image rows attend to each other both ways (model/image_attention.py)."""
+        return TOKEN_TYPES in self.input_names
+
 
 def to_paged(model: ov.Model, options: CompileOptions, sliding_windows: tuple[int, ...] = ()) -> ov.Model:
     """In place: SDPA + KV state -> PagedAttention (block tables per layer or shared, see
@@ -151,8 +157,10 @@ def _set_windows(model: ov.Model, windows: tuple[int, ...]) -> None:
 
 
 def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None = None,
-                  sliding_windows: tuple[int, ...] = ()) -> PagedModel:
-    """`sliding_windows`: each layer's, from the model's config (empty: as the transformation found them)."""
+                  sliding_windows: tuple[int, ...] = (), bidirectional_images: bool = False) -> PagedModel:
+    """`sliding_windows`: each layer's, from the model's config (empty: as the transformation found
+    them). `bidirectional_images`: the family's image rows attend to each other both ways (with
+    options.image_inputs only: model/image_attention.py)."""
     core = core or ov.Core()
     if len(set(sliding_windows)) > 1:  # sliding and global layers: a table per layer group
         options = replace(options, per_layer_tables=True)
@@ -160,6 +168,8 @@ def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None
     facts = read_graph_facts(to_paged(model, options, sliding_windows))
     if options.image_inputs:  # before the clone below: the decode model takes them too (the runner feeds none)
         add_image_inputs(model)
+        if bidirectional_images:
+            add_token_types(model)
     # the decode model's graph starts from this one, before the passes below (model/lowbit)
     raw = model.clone() if options.decode_model and options.lowbit_kernel is not False else None
     if options.lowbit_main:  # int8 planes a step as the runner sets them (lowbit.PLANES)

@@ -19,6 +19,8 @@ class ImageSpan:
     offset: int  # prompt position of its first row
     embeddings: np.ndarray  # float32 [n, hidden]: rows for prompt positions offset .. offset+n-1
     key: bytes  # what the image is (hash of its pixels + the vision model), for prefix caching
+    # its rows attend to each other both ways (model/image_attention.py): computed in one chunk
+    bidirectional: bool = False
 
     @property
     def end(self) -> int:
@@ -28,10 +30,12 @@ class ImageSpan:
 Spans = Sequence[ImageSpan]  # a prompt's images, as callers give them
 
 
-def checked_spans(spans: Spans, prompt_len: int, width: int | None) -> tuple[ImageSpan, ...]:
+def checked_spans(spans: Spans, prompt_len: int, width: int | None,
+                  bidirectional_rows: int | None = None) -> tuple[ImageSpan, ...]:
     """The spans in prompt order, float32; ValueError naming the problem where a span is outside
     the prompt, overlaps another or has rows of another width than the model's hidden size
-    (`width` None: the model takes no images)."""
+    (`width` None: the model takes no images). `bidirectional_rows`: the model's image rows attend
+    to each other both ways, in images of at most this many rows (None: causally)."""
     if not spans:
         return ()
     if width is None:
@@ -50,7 +54,11 @@ def checked_spans(spans: Spans, prompt_len: int, width: int | None) -> tuple[Ima
             raise ValueError(f"{at}: rows {span.offset}..{end - 1} run past the prompt's {prompt_len} tokens")
         if not np.isfinite(rows).all():
             raise ValueError(f"{at}: its embeddings are not all finite")
-        out.append(ImageSpan(span.offset, np.ascontiguousarray(rows, np.float32), span.key))
+        if bidirectional_rows is not None and len(rows) > bidirectional_rows:
+            raise ValueError(f"{at}: {len(rows)} rows; this model's attention inside an image is exact "
+                             f"for images of at most {bidirectional_rows} rows (its sliding window)")
+        out.append(ImageSpan(span.offset, np.ascontiguousarray(rows, np.float32), span.key,
+                             bidirectional_rows is not None))
     return tuple(out)
 
 
@@ -63,6 +71,22 @@ def rows_in(spans: Sequence[ImageSpan], start: int, stop: int) -> list[tuple[int
         if lo < hi:
             out.append((lo, span.embeddings[lo - span.offset:hi - span.offset]))
     return out
+
+
+def whole_images_end(spans: Sequence[ImageSpan], start: int, end: int) -> int:
+    """Where a chunk from `start` that would end at `end` ends so that it cuts no image whose rows
+    attend to each other both ways: before the image it would cut, or, where that image starts
+    the chunk, after it (over the budget: those rows have to be computed together)."""
+    for span in spans:
+        if span.bidirectional and span.offset < end < span.end:
+            return span.offset if span.offset > start else span.end
+    return end
+
+
+def inside_whole_image(spans: Sequence[ImageSpan], position: int) -> bool:
+    """Whether KV computed up to `position` would end inside such an image (a prefix-cache hit
+    cannot end there: its rows before would not have seen the ones after)."""
+    return any(span.bidirectional and span.offset < position < span.end for span in spans)
 
 
 def extra_keys(spans: Sequence[ImageSpan], start: int, stop: int) -> bytes:

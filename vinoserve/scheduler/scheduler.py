@@ -6,6 +6,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from vinoserve.cache.block_manager import BlockManager, Hit
+from vinoserve.scheduler import media
 from vinoserve.scheduler.sequence import Sequence, SequenceStatus
 
 # The fewest tokens of a prompt one step computes where it has the choice: the rest after a
@@ -80,7 +81,7 @@ class Scheduler:
                 continue
             if self.blocks.releases:  # 0.3-0.4 us a sequence a step for nothing without a window
                 self.blocks.release_behind(seq.block_tables, seq.num_computed_tokens)
-            n = self._chunk(seq.num_cached_tokens, seq.num_uncomputed_tokens, budget)
+            n = self._chunk(seq, seq.num_cached_tokens, seq.num_uncomputed_tokens, budget)
             drafts = self._fit_drafts(seq, n, budget)
             if not self._make_room(seq, n + drafts, out):
                 break  # seq itself was the newest and got preempted
@@ -88,7 +89,7 @@ class Scheduler:
             self.blocks.grow(seq.block_tables, seq.num_cached_tokens + n + drafts)
             out.scheduled.append(ScheduledSequence.of(seq, n + drafts, drafts))
             n += drafts
-            budget -= n
+            budget = max(0, budget - n)
             i += 1
         pending = self._pending_hashes()
         # Sequences whose KV is bounded (eviction during prefill) get room to reach their bound:
@@ -104,7 +105,7 @@ class Scheduler:
                 w += 1  # its next blocks are being computed by a running sequence: take them when done
                 continue
             start = len(hits) * self.blocks.block_size
-            n = self._chunk(start, seq.num_tokens - start, budget)
+            n = self._chunk(seq, start, seq.num_tokens - start, budget)
             reserve = (self._watermark if self.running else 0) + growth
             needed = self.blocks.admission_cost(hits, start + n)
             if max(needed, seq.most_blocks or 0) + reserve > self.blocks.num_free_blocks:
@@ -114,7 +115,7 @@ class Scheduler:
             self.blocks.grow(seq.block_tables, seq.num_cached_tokens + n)
             growth += max(0, (seq.most_blocks or 0) - len(seq.block_tables[0]))
             out.scheduled.append(ScheduledSequence.of(seq, n))
-            budget -= n
+            budget = max(0, budget - n)
             pending |= self._uncomputed_hashes(seq)
         return out
 
@@ -122,23 +123,25 @@ class Scheduler:
     def _least_chunk(self) -> int:
         return min(MIN_PROMPT_CHUNK, self.config.max_num_batched_tokens // 2)
 
-    def _chunk(self, cached: int, remaining: int, budget: int) -> int:
+    def _chunk(self, seq: Sequence, cached: int, remaining: int, budget: int) -> int:
         """Tokens of a sequence's uncomputed `remaining` (after its `cached` ones) to compute this
         step: all of them where the budget allows, else up to the last block's end that leaves at
-        least MIN_PROMPT_CHUNK for later (where the budget reaches none, what it allows)."""
+        least MIN_PROMPT_CHUNK for later (where the budget reaches none, what it allows); never
+        inside an image whose rows attend both ways (media.whole_images_end)."""
         n = min(remaining, budget)
         if n == remaining:
             return n
         end = cached + min(n, remaining - self._least_chunk)
         end -= end % self.blocks.block_size
-        return end - cached if end > cached else n
+        n = end - cached if end > cached else n
+        return media.whole_images_end(seq.images, cached, cached + n) - cached if seq.images else n
 
     def _fit_drafts(self, seq: Sequence, n: int, budget: int) -> int:
         """How many of seq's proposed tokens to verify this step: they count against the token
         budget, and are dropped rather than preempt anyone for their blocks."""
         if not seq.draft_token_ids:
             return 0
-        fit = min(len(seq.draft_token_ids), budget - n) if n == seq.num_uncomputed_tokens else 0
+        fit = min(len(seq.draft_token_ids), max(0, budget - n)) if n == seq.num_uncomputed_tokens else 0
         copies = self.blocks.copies_needed(seq.block_tables, seq.num_cached_tokens)
         if fit and not self.blocks.can_grow(seq.block_tables, seq.num_cached_tokens + n + fit, copies):
             fit = 0
@@ -158,6 +161,8 @@ class Scheduler:
         hits = self.blocks.match_prefix(seq.block_hashes, seq.token_ids, seq.num_tokens, seq.extra_keys)
         while hits and seq.num_tokens - len(hits) * self.blocks.block_size < self._least_chunk:
             hits.pop()  # the rest is computed as a chunk of a prompt computed whole would be
+        while hits and media.inside_whole_image(seq.images, len(hits) * self.blocks.block_size):
+            hits.pop()
         return hits
 
     def _waits_for(self, seq: Sequence, num_hits: int, pending: set[bytes]) -> bool:

@@ -7,11 +7,10 @@ from pathlib import Path
 from vinoserve.model.errors import ModelLoadError
 from vinoserve.model.vision.model import VisionModel, load_vision
 
-# Projectors whose language model attends within an image otherwise than causally: Gemma 3's
-# image tokens see each other both ways (HF's token_type_ids mask, llama.cpp's non-causal batch),
-# which PagedAttention, causal, cannot give. Served only once exact.
-_NOT_CAUSAL = {"gemma3": "Gemma 3's image tokens attend to each other both ways, and this server's attention is "
-                         "causal: its images are not served yet (issue 58)"}
+# Projectors whose language model's image rows attend to each other both ways: Gemma 3's (HF's
+# token_type_ids mask, llama.cpp's non-causal batch). The language model must have been compiled
+# so (model/image_attention.py): causal attention there would answer otherwise than the model.
+_BIDIRECTIONAL = frozenset({"gemma3"})
 
 
 def find_mmproj(model: str | None, mmproj: str | None) -> Path | None:
@@ -24,15 +23,19 @@ def find_mmproj(model: str | None, mmproj: str | None) -> Path | None:
     return found[0] if len(found) == 1 else None
 
 
-def load_projector(path: Path | None, image_width: int | None, precision: str, log=print) -> VisionModel | None:
+def load_projector(path: Path | None, image_width: int | None, precision: str, bidirectional: bool = False,
+                   log=print) -> VisionModel | None:
     """The vision model of `path` for a language model taking image rows of `image_width`, at its
-    precision; ModelLoadError where it cannot serve this model's images."""
+    precision (`bidirectional`: its image rows attend to each other both ways); ModelLoadError
+    where it cannot serve this model's images."""
     if path is None:
         return None
     if image_width is None:
         raise ModelLoadError(f"{path}: this language model was compiled without image inputs")
     vision = load_vision(path, image_width, precision=precision)
-    if vision.projector in _NOT_CAUSAL:
-        raise ModelLoadError(f"{path}: {_NOT_CAUSAL[vision.projector]}")
+    if (vision.projector in _BIDIRECTIONAL) != bidirectional:
+        raise ModelLoadError(f"{path}: a {vision.projector} projector's image rows attend to each other "
+                             f"{'both ways' if vision.projector in _BIDIRECTIONAL else 'causally'}, and this language "
+                             f"model's {'causally' if vision.projector in _BIDIRECTIONAL else 'both ways'}")
     log(f"vision: {path.name} ({vision.projector} projector); chat messages may hold images")
     return vision
