@@ -24,7 +24,9 @@ import base64
 import io
 import multiprocessing
 import os
+import signal
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -136,7 +138,9 @@ def ttft_rounds(servers: dict[str, str], size: tuple[int, int], rounds: int, max
     return times
 
 
-async def _phase(base_url: str, model: str, streams: int, tokens: int, image_body: dict | None) -> Phase:
+async def _phase(base_url: str, model: str, streams: int, tokens: int, image: tuple[int, int] | None) -> Phase:
+    """`streams` decoding `tokens` each; beside them, with `image` (a size), one-image requests one after
+    another until they finish, each a new image (a repeated one would hit the prefix cache)."""
     target = Target(base_url, model, ignore_eos=True, timeout=3600)
     words = stdlib_english().split()
     prompts = [" ".join(words[i * 50:(i + 1) * 50]) for i in range(streams)]
@@ -145,8 +149,9 @@ async def _phase(base_url: str, model: str, streams: int, tokens: int, image_bod
         t0 = time.perf_counter()
         decoding = [asyncio.create_task(send(client, target, BenchRequest(p, tokens), t0)) for p in prompts]
         images = 0
-        while image_body is not None and not all(t.done() for t in decoding):
-            r = await client.post(f"{base_url}/v1/chat/completions", json=image_body)
+        while image is not None and not all(t.done() for t in decoding):
+            body = image_request(png_data_url(image, 20_000 + images), 1, model)
+            r = await client.post(f"{base_url}/v1/chat/completions", json=body)
             if r.status_code != 200:
                 raise RuntimeError(f"image request: HTTP {r.status_code}: {r.text[:300]}")
             images += 1
@@ -163,7 +168,7 @@ def tpot_phases(base_url: str, size: tuple[int, int], streams: int, tokens: int)
         model = served_model(client, base_url)
     asyncio.run(_phase(base_url, model, streams, min(tokens, 8), None))  # warm-up: the batch's shapes compiled
     alone = asyncio.run(_phase(base_url, model, streams, tokens, None))
-    beside = asyncio.run(_phase(base_url, model, streams, tokens, image_request(png_data_url(size, 20_000), 1, model)))
+    beside = asyncio.run(_phase(base_url, model, streams, tokens, size))
     return alone, beside
 
 
@@ -244,24 +249,35 @@ def main(args: argparse.Namespace) -> list[str]:
     threads = args.threads or os.cpu_count() or 1
     lines = code_paths(threads)
     print("\n".join(lines), flush=True)
+    # a kill runs the cleanup below (else both servers outlive the bench)
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     serve = ["--model", text, "--mmproj", mmproj, "--threads", str(threads), *args.serve_arg]
-    with tempfile.TemporaryDirectory(prefix="vinoserve-bench-vision-") as tmp:
-        proc, url = launch_server(serve, Path(tmp) / "vinoserve.log", timeout=1800)
-        llama = LlamaCppServer(text, mmproj, threads) if args.llamacpp and args.mode != "tpot" else None
-        try:
-            servers = {"vinoserve": url} | ({"llama.cpp": llama.url} if llama else {})
-            if args.mode != "tpot":
-                def progress(r: int, last: dict[str, float]) -> None:
-                    print(f"round {r + 1}: " + ", ".join(f"{n} {1e3 * t:.0f} ms" for n, t in last.items()), flush=True)
-                out = ttft_report(ttft_rounds(servers, size, args.rounds, args.max_tokens, progress))
-                print("\n".join(out), flush=True)
-                lines += out
-            if args.mode != "ttft":
-                out = tpot_report(*tpot_phases(url, size, args.streams, args.stream_tokens))
-                print("\n".join(out), flush=True)
-                lines += out
-        finally:
-            if llama:
-                llama.close()
-            stop_server(proc)
+    try:
+        with tempfile.TemporaryDirectory(prefix="vinoserve-bench-vision-") as tmp:
+            proc, url = launch_server(serve, Path(tmp) / "vinoserve.log", timeout=1800)
+            llama = None
+            try:
+                if args.llamacpp and args.mode != "tpot":
+                    llama = LlamaCppServer(text, mmproj, threads)
+                lines += _measure(args, size, {"vinoserve": url} | ({"llama.cpp": llama.url} if llama else {}))
+            finally:
+                if llama:
+                    llama.close()
+                stop_server(proc)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return lines
+
+
+def _measure(args: argparse.Namespace, size: tuple[int, int], servers: dict[str, str]) -> list[str]:
+    lines = []
+    if args.mode != "tpot":
+        def progress(r: int, last: dict[str, float]) -> None:
+            print(f"round {r + 1}: " + ", ".join(f"{n} {1e3 * t:.0f} ms" for n, t in last.items()), flush=True)
+        lines += ttft_report(ttft_rounds(servers, size, args.rounds, args.max_tokens, progress))
+        print("\n".join(lines), flush=True)
+    if args.mode != "ttft":
+        out = tpot_report(*tpot_phases(servers["vinoserve"], size, args.streams, args.stream_tokens))
+        print("\n".join(out), flush=True)
+        lines += out
     return lines
