@@ -1,5 +1,5 @@
 """`vinoserve bench serve` (load-test any OpenAI-compatible server), `bench engine`, `bench llamacpp`,
-`bench soak`, `bench longctx`, `bench embed`."""
+`bench soak`, `bench longctx`, `bench embed`, `bench vision`."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from vinoserve.bench import embed, engine_vs_genai, llamacpp, longctx, soak
+from vinoserve.bench import embed, engine_vs_genai, llamacpp, longctx, soak, vision
 from vinoserve.bench.client import Target, run
 from vinoserve.bench.metrics import Goodput, summarize
 from vinoserve.bench.workloads import (multi_turn_workload, prefix_repetition_workload, random_workload,
@@ -33,6 +33,8 @@ def add_bench_parser(sub) -> None:
     soak.add_arguments(soaker)
     longctx.add_arguments(kinds.add_parser("longctx", help="long-context retrieval under cache eviction: vinoserve's "
                                                           "policies vs full cache, start + recent and openvino-genai"))
+    vision.add_arguments(kinds.add_parser("vision", help="a 1-image chat request's TTFT, vinoserve vs llama.cpp (same "
+                                                        "GGUF + mmproj), and decoding's TPOT beside image requests"))
 
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -178,6 +180,8 @@ def main(args: argparse.Namespace) -> int:
         longctx.main(args)
     elif args.bench_command == "embed":
         embed.main(args)
+    elif args.bench_command == "vision":
+        vision.main(args)
     else:
         bench_serve(args)
     return 0

@@ -130,16 +130,17 @@ def mxfp4_experts() -> Encoder:
     return lambda name, x: (experts if "_exps." in name else rest)(name, x)
 
 
-def write(path: Path, shape: str, encode: Encoder, log=print) -> Path:
-    dims = _shape(shape)
+def write(path: Path, shape: str | Shape, encode: Encoder, log=print, extra_tokens: tuple[str, ...] = ()) -> Path:
+    """`extra_tokens`: control tokens appended to SmolLM2's vocabulary (a VLM's image tokens)."""
+    dims = shape if isinstance(shape, Shape) else _shape(shape)
     tokenizer = gguf.GGUFReader(default_model.fetch(default_model.DEFAULT_MODEL, log=lambda m: None))
     path.parent.mkdir(parents=True, exist_ok=True)
     part = path.with_suffix(".part")
     w = gguf.GGUFWriter(str(part), dims.arch, use_temp_file=True)  # tensors spill to disk, not memory
-    _copy_tokenizer(tokenizer, w)
+    _copy_tokenizer(tokenizer, w, extra_tokens)
     w.add_name(path.stem)
     _metadata(w, dims)
-    vocab = len(tokenizer.fields["tokenizer.ggml.tokens"].contents())
+    vocab = len(tokenizer.fields["tokenizer.ggml.tokens"].contents()) + len(extra_tokens)
     rng = np.random.default_rng(0)
 
     def add(name: str, raw: np.ndarray, qtype: gguf.GGMLQuantizationType) -> None:
@@ -150,7 +151,7 @@ def write(path: Path, shape: str, encode: Encoder, log=print) -> Path:
         parts = [encode(name, rng.standard_normal((rows, cols), dtype=np.float32) * 0.02) for _ in range(count or 1)]
         add(name, np.stack([raw for raw, _ in parts]) if count else parts[0][0], parts[0][1])
 
-    log(f"writing {path.name} ({shape}: {dims.layers} layers, hidden {dims.hidden}) ...")
+    log(f"writing {path.name} ({dims.arch}: {dims.layers} layers, hidden {dims.hidden}) ...")
     mat("token_embd.weight", vocab, dims.hidden)
     w.add_tensor("output_norm.weight", np.ones(dims.hidden, np.float32))
     mat("output.weight", vocab, dims.hidden)
@@ -233,12 +234,15 @@ def _gpt_oss_vectors(w: gguf.GGUFWriter, dims: Shape, p: str, rng: np.random.Gen
     w.add_tensor(p + "attn_sinks.weight", rng.standard_normal(dims.heads, dtype=np.float32))
 
 
-def _copy_tokenizer(src: gguf.GGUFReader, w: gguf.GGUFWriter) -> None:
+def _copy_tokenizer(src: gguf.GGUFReader, w: gguf.GGUFWriter, extra: tuple[str, ...] = ()) -> None:
+    appended = {"tokenizer.ggml.tokens": list(extra),
+                "tokenizer.ggml.token_type": [int(gguf.TokenType.CONTROL)] * len(extra)}
     for name, f in src.fields.items():
         if not name.startswith("tokenizer."):
             continue
         kind, value = f.types[0], f.contents()
         if kind == gguf.GGUFValueType.ARRAY:
+            value = list(value) + appended.get(name, [])
             w.add_array(name, value)
         elif kind == gguf.GGUFValueType.STRING:
             w.add_string(name, value)

@@ -113,7 +113,7 @@ class AppState:
         chat_setup = ChatSetup.build(engine.tokenizer, config.chat_template, config.tool_call_parser,
                                      config.reasoning_parser)
         self.serving = Serving(engine, name, self.metrics, config.max_queue, defaults, config.limits, chat_setup,
-                               config.media)
+                               config.media, config.encoder_share)
         log.info("sampling defaults for fields a request leaves out: %s", defaults.describe())
         log.info("chat: %s", chat_setup.describe())
         log.info("serving %s", name)

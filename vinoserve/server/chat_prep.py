@@ -31,6 +31,7 @@ from vinoserve.server.protocol import ChatCompletionRequest
 from vinoserve.server.reasoning import ReasoningFormat, Start
 from vinoserve.server.serving import ChatSetup, Serving
 from vinoserve.server.structured import compile_grammar, requested_grammar
+from vinoserve.server.vision_pacing import Pacing
 from vinoserve.server.tools import ToolFormat, ToolPlan, tool_plan
 
 # Template variables the server sets itself; chat_template_kwargs may not replace them.
@@ -109,7 +110,8 @@ async def chat_prompt(serving: Serving, req: ChatCompletionRequest, tools: ToolP
                                          vision is not None)  # big prompts take ms
     if not refs:
         return text, serving.tokenizer.encode(text, add_special_tokens=False), ()
-    built = await image_prompt(text, refs, vision, serving.tokenizer, serving.media, encode_images)
+    pacing = Pacing(lambda: serving.engine.stats.num_running > 0, serving.vision_share)
+    built = await image_prompt(text, refs, vision, serving.tokenizer, serving.media, encode_images, pacing)
     return text, built.ids, built.images
 
 

@@ -56,8 +56,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "cores to the chat model's decoding while embeddings run)")
     p.add_argument("--encoder-share", type=float, default=ServerConfig.encoder_share,
                    help="while the chat model decodes, the share of the time each embedder or reranker may "
-                        "compute (in slices of ~20 ms), so embedding traffic never stalls decoding for long; "
-                        "1 lets them run flat out beside it (default: 0.25)")
+                        "compute (in slices of ~20 ms), and the vision tower (a frame at a time), so embedding "
+                        "and image traffic never stalls decoding for long; 1 lets them run flat out beside it "
+                        "(default: 0.25)")
     p.add_argument("--max-stored-responses", type=int, default=ServerConfig.max_stored_responses,
                    help="responses /v1/responses keeps in memory for previous_response_id and GET (least recently "
                         "used dropped first; 0 keeps none)")

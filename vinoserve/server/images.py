@@ -20,6 +20,7 @@ from vinoserve.model.vision import PreparedImage, VisionModel, decode_image
 from vinoserve.scheduler.media import ImageSpan
 from vinoserve.server.errors import APIError
 from vinoserve.server.media import MediaPolicy, image_bytes
+from vinoserve.server.vision_pacing import Pacing, encode_paced
 
 # Where an image part stood in a message: per process and unguessable, so text a user sends cannot
 # pose as an image.
@@ -66,10 +67,10 @@ def take_images(messages: list[dict], allowed: bool) -> list[ImageRef]:
 
 
 async def image_prompt(text: str, refs: Sequence[ImageRef], vision: VisionModel, tokenizer: Tokenizer,
-                       policy: MediaPolicy, encode: bool = True) -> ImagePrompt:
+                       policy: MediaPolicy, encode: bool = True, pacing: Pacing = Pacing()) -> ImagePrompt:
     """The rendered prompt `text` (holding one MARKER per ref) as token ids and image spans: the
-    images fetched, decoded, prepared and encoded (batched, off the event loop). Without `encode`
-    (counting tokens), the ids alone: no spans."""
+    images fetched, decoded, prepared and encoded (batched, off the event loop, paced beside
+    decoding by `pacing`). Without `encode` (counting tokens), the ids alone: no spans."""
     if len(refs) > policy.max_images:
         raise APIError(400, f"the request holds {len(refs)} images; this server takes at most "
                             f"{policy.max_images}", refs[-1].param)
@@ -78,7 +79,7 @@ async def image_prompt(text: str, refs: Sequence[ImageRef], vision: VisionModel,
         raise APIError(400, f"the chat template kept {len(pieces) - 1} of the request's {len(refs)} images",
                        "messages")
     prepared = await asyncio.gather(*(_prepare(ref, vision, policy) for ref in refs))
-    rows = await asyncio.to_thread(vision.encode, prepared) if encode else [None] * len(prepared)
+    rows = await asyncio.to_thread(encode_paced, vision, prepared, pacing) if encode else [None] * len(prepared)
     # The prompt as text between runs of image rows: each image's layout set into the text.
     parts: list[str | int] = [pieces[0]]
     for image, after in zip(prepared, pieces[1:]):

@@ -27,7 +27,7 @@ class ServerConfig:
     chat_model: bool = True  # False: only encoders are served (every --model named one)
     encoders: tuple[tuple[str, str], ...] = ()  # (served name, directory) of each embedder or reranker
     encoder_threads: int | None = None  # inference threads of each encoder (default: all cores)
-    encoder_share: float = 0.25  # while the chat model decodes, the time each encoder may compute
+    encoder_share: float = 0.25  # while the chat model decodes, the time each encoder or vision tower may compute
 
     @property
     def model_name(self) -> str:

@@ -56,10 +56,11 @@ class ChatSetup:
 class Serving:
     def __init__(self, engine: AsyncLLMEngine, model_name: str, metrics: Metrics, max_queue: int | None,
                  generation_defaults: GenerationDefaults, limits: Limits, chat: ChatSetup,
-                 media: MediaPolicy | None = None) -> None:
+                 media: MediaPolicy | None = None, vision_share: float = 1.0) -> None:
         self.engine, self.model_name, self.metrics, self.max_queue = engine, model_name, metrics, max_queue
         self.generation_defaults, self.limits, self.chat = generation_defaults, limits, chat
         self.media = media or MediaPolicy()
+        self.vision_share = vision_share  # of the time the vision tower computes while requests decode
         self.registry: ModelRegistry | None = None  # the other models served beside this one
 
     @property
