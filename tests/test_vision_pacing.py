@@ -67,3 +67,12 @@ def test_alone_or_at_share_1_the_frames_are_batched(smolvlm):
 def test_a_share_of_zero_is_refused():
     with pytest.raises(ValueError, match="above 0"):
         Pacing(lambda: True, 0.0)
+
+
+def test_encoder_share_outside_zero_to_one_is_refused_at_the_command_line():
+    from vinoserve.cli import build_parser
+
+    assert build_parser().parse_args(["serve", "--encoder-share", "0.5"]).encoder_share == 0.5
+    for bad in ("0", "-0.1", "1.5"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", "--encoder-share", bad])

@@ -54,7 +54,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--encoder-threads", type=int, default=None,
                    help="inference threads of each embedder and reranker (default: all cores; fewer leaves "
                         "cores to the chat model's decoding while embeddings run)")
-    p.add_argument("--encoder-share", type=float, default=ServerConfig.encoder_share,
+    p.add_argument("--encoder-share", type=_share, default=ServerConfig.encoder_share,
                    help="while the chat model decodes, the share of the time each embedder or reranker may "
                         "compute (in slices of ~20 ms), and the vision tower (a frame at a time), so embedding "
                         "and image traffic never stalls decoding for long; 1 lets them run flat out beside it "
@@ -113,3 +113,11 @@ def _read_template(path: str | None) -> str | None:
             return f.read()
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"--chat-template {path}: {e}") from e
+
+
+def _share(text: str) -> float:
+    """A share of the time, in (0, 1]: 0 would never let an encoder run."""
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not in (0, 1]")
+    return value
