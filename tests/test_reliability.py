@@ -113,6 +113,8 @@ def _error(r: httpx.Response, status: int, param: str | None) -> dict:
     ("/v1/chat/completions", {"messages": []}, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "messages.0.content.0.image_url"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "audio"}]}]},
      "messages.0.content.0.type"),
     ("/v1/completions", {"prompt": ""}, "prompt"),
     ("/v1/completions", {"prompt": [[True, 1]]}, "prompt.0.0"),

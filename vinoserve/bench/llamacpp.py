@@ -264,7 +264,7 @@ def report(runs: dict[str, list[StreamTiming]], reference: str = LlamaCpp.name) 
         line = f"{name:<{width}}{decode:>14.1f}{prompt:>14.1f}{1e3 * ttft:>10.1f}"
         if name != reference and reference in runs:
             ref = runs[reference]
-            line += (f"   {_median_iqr([t.decode_tok_s / r.decode_tok_s for t, r in zip(timings, ref)]):<24}"
+            line += (f"   {_median_iqr([t.decode_tok_s / r.decode_tok_s for t, r in zip(timings, ref)]):<23} "
                      f"{_median_iqr([t.prompt_tok_s / r.prompt_tok_s for t, r in zip(timings, ref)])}")
         lines.append(line)
     lines.append(f"{'CPU work':<{width}}{'decode ms/tok':>14}{'prompt ms/tok':>14}{'':>10}"
@@ -274,7 +274,7 @@ def report(runs: dict[str, list[StreamTiming]], reference: str = LlamaCpp.name) 
                 f"{statistics.median(t.prompt_cpu_ms for t in timings):>14.2f}{'':>10}")
         if name != reference and reference in runs:
             ref = runs[reference]
-            line += (f"   {_median_iqr([r.decode_cpu_ms / t.decode_cpu_ms for t, r in zip(timings, ref)]):<24}"
+            line += (f"   {_median_iqr([r.decode_cpu_ms / t.decode_cpu_ms for t, r in zip(timings, ref)]):<23} "
                      f"{_median_iqr([r.prompt_cpu_ms / t.prompt_cpu_ms for t, r in zip(timings, ref)])}")
         lines.append(line)
     if reference in runs and runs[reference][0].internal:

@@ -20,7 +20,7 @@ from vinoserve.server.errors import APIError
 from vinoserve.server.limits import BodySizeLimit
 from vinoserve.server.metrics import Metrics
 from vinoserve.server.responses.store import ResponseStore
-from vinoserve.server.request_rules import WITHOUT_EVICTION, WITHOUT_FIM, WITHOUT_REASONING
+from vinoserve.server.request_rules import WITHOUT_EVICTION, WITHOUT_FIM, WITHOUT_IMAGES, WITHOUT_REASONING
 from vinoserve.server.routes import anthropic, chat, completions, embeddings, models, rerank, responses, tokens
 from vinoserve.server.server_config import ServerConfig, default_model_name
 
@@ -68,6 +68,7 @@ def _document(app: FastAPI, state: AppState) -> None:
             serving.engine.vocab_size if loaded else None, config.model_name,
             {WITHOUT_REASONING: loaded and serving.chat.reasoning is None,
              WITHOUT_FIM: loaded and not has_fim(serving.tokenizer),
+             WITHOUT_IMAGES: loaded and serving.engine.vision is None,
              WITHOUT_EVICTION: config.engine.cache_eviction is None}, config.limits, state.registry)
 
     openapi.install(app, facts)

@@ -5,13 +5,14 @@ import time
 import uuid
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, WithJsonSchema, field_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationInfo, WithJsonSchema,
+                      field_validator)
 
 from vinoserve.scheduler.sampling_params import MAX_LOGPROBS
 from vinoserve.server.limits import MAX_N
 from vinoserve.server.request_rules import (CACHE_EVICTION_SCHEMA, ONE_CONSTRAINT, RESPONSE_FORMAT_SCHEMA,
                                             STRUCTURED_OUTPUTS_SCHEMA, TOOL_CHOICE_SCHEMA, TOOL_SCHEMA, chat_rules,
-                                            WITHOUT_FIM, limit)
+                                            WITHOUT_FIM, WITHOUT_IMAGES, limit)
 
 
 class _Request(BaseModel):
@@ -131,11 +132,19 @@ class ImageURL(_Request):
 
 
 class ImagePart(_Request):
+    # The OpenAPI document leaves it out for a model that takes no images (server/openapi.py).
+    model_config = ConfigDict(json_schema_extra={WITHOUT_IMAGES: {"not": {}}})
     type: Literal["image_url"]
     image_url: ImageURL
 
 
-ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+def _part_kind(part: object) -> str:
+    return "image-part" if isinstance(part, dict) and part.get("type") == "image_url" else "text-part"
+
+
+# Tags with a hyphen stay out of an error's param (errors.invalid): messages.0.content.0.image_url.
+ContentPart = Annotated[Annotated[TextPart, Tag("text-part")] | Annotated[ImagePart, Tag("image-part")],
+                        Discriminator(_part_kind)]
 
 
 class ChatMessage(_Request):

@@ -14,6 +14,7 @@ WITHOUT_REASONING = "x-without-reasoning"
 # fill-in-the-middle tokens.
 WITHOUT_EVICTION = "x-without-eviction"
 WITHOUT_FIM = "x-without-fim"
+WITHOUT_IMAGES = "x-without-images"  # a model served without a vision projector: image parts go
 
 
 def limit(keyword: str, name: str) -> dict:

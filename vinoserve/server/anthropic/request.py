@@ -22,7 +22,7 @@ from pydantic import BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from vinoserve.server.errors import APIError
 from vinoserve.server.protocol import Int, _Request, bounded_int, unsupported
-from vinoserve.server.request_rules import WITHOUT_REASONING, limit, needs_tools, no_constraint_with_tools, not_null
+from vinoserve.server.request_rules import WITHOUT_IMAGES, WITHOUT_REASONING, limit, needs_tools, no_constraint_with_tools, not_null
 
 
 class TextBlock(_Request):
@@ -42,6 +42,7 @@ class URLSource(_Request):
 
 
 class ImageBlock(_Request):
+    model_config = ConfigDict(json_schema_extra={WITHOUT_IMAGES: {"not": {}}})
     type: Literal["image"]
     source: Annotated[Base64Source | URLSource, Field(discriminator="type")]
 
