@@ -74,3 +74,17 @@ def test_urls_are_fetched_only_from_allowed_hosts(site):
 def test_a_domain_allows_its_subdomains_only():
     policy = MediaPolicy(frozenset({"example.com"}))
     assert policy.allows("example.com") and policy.allows("img.Example.com.") and not policy.allows("badexample.com")
+
+
+def test_a_vision_model_takes_larger_bodies_by_default(tmp_path):
+    """Images come as data: URLs: without --max-request-bytes a model with a projector takes 32 MiB."""
+    from vinoserve.engine.config import EngineConfig
+    from vinoserve.server.cli import IMAGE_REQUEST_BYTES, request_bytes
+    from vinoserve.server.limits import Limits
+
+    model = tmp_path / "vlm.gguf"
+    model.write_bytes(b"")
+    assert request_bytes(None, EngineConfig(model=str(model))) == Limits.max_request_bytes  # no projector beside
+    (tmp_path / "mmproj-vlm.gguf").write_bytes(b"")
+    assert request_bytes(None, EngineConfig(model=str(model))) == IMAGE_REQUEST_BYTES == 32 * 2**20
+    assert request_bytes(1000, EngineConfig(model=str(model))) == 1000  # the flag wins

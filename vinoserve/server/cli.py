@@ -14,6 +14,8 @@ from vinoserve.server import reasoning, tools
 from vinoserve.server.limits import Limits
 from vinoserve.server.media import MediaPolicy
 
+IMAGE_REQUEST_BYTES = 32 * 2**20
+
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
@@ -28,8 +30,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue", type=int, default=1024,
                    help="over capacity: answer 503 with Retry-After when this many requests already wait")
     d = Limits()
-    p.add_argument("--max-request-bytes", type=int, default=d.max_request_bytes,
-                   help="larger request bodies get 413 (default: 4 MiB)")
+    p.add_argument("--max-request-bytes", type=int, default=None,
+                   help="larger request bodies get 413 (default: 4 MiB; 32 MiB for a model served with its "
+                        "vision projector, whose requests carry images as data: URLs)")
     p.add_argument("--max-prompt-tokens", type=int, default=None,
                    help="longer prompts get 400 (default: only the model's context length bounds them)")
     p.add_argument("--max-stop-strings", type=int, default=d.max_stop_strings, help="more `stop` strings get 400")
@@ -70,8 +73,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 def serve(args: argparse.Namespace, engine: EngineConfig) -> int:
     """Runs until stopped; the exit status is 1 if the model failed to load or the engine died, else 0."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    limits = Limits(args.max_request_bytes, args.max_prompt_tokens, args.max_stop_strings, args.max_n,
-                    args.max_logprobs)
+    limits = Limits(request_bytes(args.max_request_bytes, engine), args.max_prompt_tokens, args.max_stop_strings,
+                    args.max_n, args.max_logprobs)
     config = ServerConfig(engine, api_key=args.api_key, max_queue=args.max_queue, limits=limits,
                           generation_config=args.generation_config,
                           override_generation_config=args.override_generation_config,
@@ -121,3 +124,11 @@ def _share(text: str) -> float:
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"{text} is not in (0, 1]")
     return value
+
+
+def request_bytes(flag: int | None, engine: EngineConfig) -> int:
+    """--max-request-bytes, else the default for the model: a few screenshots as base64 data: URLs
+    (a 2560x1440 PNG is 3-6 MB, a third more encoded) need more than text's 4 MiB."""
+    if flag is not None:
+        return flag
+    return IMAGE_REQUEST_BYTES if engine.projector is not None else Limits.max_request_bytes
