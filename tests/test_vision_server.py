@@ -206,15 +206,7 @@ def smolvlm(tmp_path_factory):
                                   intermediate_size=40, num_attention_heads=2)
     hf = Idefics3ForConditionalGeneration(Idefics3Config(vision_config=vision, text_config=text.config, scale_factor=2,
                                                          image_token_id=IMAGE_TOKEN)).eval()
-    g = torch.Generator().manual_seed(4)
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if "vision_model" in name or "connector" in name:
-                p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g) if "norm" in name and name.endswith("weight")
-                        else 0.3 * torch.randn(p.shape, generator=g))
-    hf.model.text_model.load_state_dict(text.model.state_dict())
-    hf.lm_head.load_state_dict(text.lm_head.state_dict())
-    hf.generation_config.eos_token_id = None
+    with_text_model(hf, text, seed=4)
     where = tmp_path_factory.mktemp("smolvlm")
     srv = ServerProcess("--model", str(write_gguf(text, where / "tiny-smolvlm.gguf", vocab=IDEFICS3_VOCAB)),
                         "--mmproj", str(write_mmproj(hf, where / "projector.gguf")),

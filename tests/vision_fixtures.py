@@ -179,16 +179,20 @@ def pieces_fed(runner) -> Iterator[list[int]]:
         del runner.prepare
 
 
-def with_text_model(hf, text) -> None:
-    """In place: a vision-language model's tower and projector random (seed 3; norms near 1,
-    other weights at 0.3, rows of the text embeddings' scale), its language model and LM head
+_VISION_PARTS = ("vision_tower", "multi_modal_projector", "vision_model", "connector")  # LLaVA/Gemma 3, Idefics3
+
+
+def with_text_model(hf, text, seed: int = 3) -> None:
+    """In place: a vision-language model's tower and projector random (norms near 1, other
+    weights at 0.3, rows of the text embeddings' scale), its language model and LM head
     `text`'s (a tiny_hf_model), EOS just another token (as with ignore_eos)."""
-    g = torch.Generator().manual_seed(3)
+    g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in hf.named_parameters():
-            if "vision_tower" in name or "multi_modal_projector" in name:
+            if any(part in name for part in _VISION_PARTS):
                 p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g) if "norm" in name and name.endswith("weight")
                         else 0.3 * torch.randn(p.shape, generator=g))
-    hf.model.language_model.load_state_dict(text.model.state_dict())
+    language = getattr(hf.model, "language_model", None) or hf.model.text_model  # Idefics3 names it text_model
+    language.load_state_dict(text.model.state_dict())
     hf.lm_head.load_state_dict(text.lm_head.state_dict())
     hf.generation_config.eos_token_id = None

@@ -157,6 +157,11 @@ def write(path: Path, shape: str | Shape, encode: Encoder, log=print, extra_toke
     mat("output.weight", vocab, dims.hidden)
     for i in range(dims.layers):
         _layer(w, dims, f"blk.{i}.", mat, rng)
+    return finish(w, part, path)
+
+
+def finish(w: gguf.GGUFWriter, part: Path, path: Path) -> Path:
+    """Writes what `w` holds to `part`, then renames it `path`: a file under its final name is whole."""
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

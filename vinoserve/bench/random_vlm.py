@@ -25,7 +25,7 @@ import gguf
 import numpy as np
 
 from vinoserve.bench import random_models
-from vinoserve.bench.random_models import Shape
+from vinoserve.bench.random_models import Shape, finish
 from vinoserve.model.storage import cache_root
 
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
@@ -115,12 +115,7 @@ def write_mmproj(tower: Tower, text_hidden: int, path: Path) -> Path:
         # positions stay F32 as convert_hf_to_gguf forces them: ggml's CPU add takes no F16 operand
         half = value.ndim >= 2 and name != "v.position_embd.weight"
         w.add_tensor(name, value.astype(np.float16 if half else np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    part.rename(path)
-    return path
+    return finish(w, part, path)
 
 
 def _header(w: gguf.GGUFWriter, t: Tower, text_hidden: int) -> None:
