@@ -106,15 +106,19 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 def write_gguf(model, path: Path, arch: str = "llama", q8_0: tuple[str, ...] = (), vocab: Vocab = TINY_VOCAB,
                quant: str | None = None, pooling: gguf.PoolingType | None = None,
-               expert_quant: str | None = None) -> Path:
+               expert_quant: str | None = None, mrope_sections: tuple[int, int, int] | None = None) -> Path:
     """`q8_0`: GGUF tensor names to store as Q8_0 blocks. `quant`: a ggml type name (Q4_0, Q4_K,
     ...) for every matrix, token table included; `expert_quant` for the `_exps` matrices only
     (gpt-oss' MXFP4). The rest: matrices f16, vectors and biases f32. K-quants
     are written with scales whose products are exact f16s (kquant_encoder's `exact_scales`).
-    `pooling`: the model is an embedder (LAST) or reranker (RANK), as `{arch}.pooling_type` says."""
+    `pooling`: the model is an embedder (LAST) or reranker (RANK), as `{arch}.pooling_type` says.
+    `mrope_sections`: a Qwen2 model is Qwen2-VL's language model, written as its converter does
+    (architecture qwen2vl, its M-RoPE sections and an unused fourth)."""
     cfg = model.config
-    gguf_arch = _GGUF_ARCH.get(arch, arch)
+    gguf_arch = "qwen2vl" if mrope_sections else _GGUF_ARCH.get(arch, arch)
     w = gguf.GGUFWriter(str(path), gguf_arch)
+    if mrope_sections:
+        w.add_rope_dimension_sections([*mrope_sections, 0])
     _common_metadata(w, cfg)
     _expert_metadata(w, cfg)
     if pooling is not None:

@@ -177,7 +177,8 @@ class AsyncLLMEngine:
         params.validate()
         ids = self.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self.engine.check_request(ids, params, self.engine.new_eviction(cache_eviction))
-        media.checked_spans(images, len(ids), self.engine.model.paged.image_width)
+        paged = self.engine.model.paged
+        media.checked_spans(images, len(ids), paged.image_width, grids=paged.image_grids)
         return ids
 
     @property

@@ -12,6 +12,7 @@ import openvino as ov
 from vinoserve.cache.kv_cache import KVCache
 from vinoserve.model import lowbit
 from vinoserve.model.image_attention import TOKEN_TYPES
+from vinoserve.model.blocks import ROPE_OFFSETS
 from vinoserve.model.image_inputs import IMAGE_EMBEDS, IMAGE_ROWS
 from vinoserve.model.paged import SAMPLED_INDICES, PagedModel
 
@@ -33,6 +34,9 @@ class ScheduledChunk:
     # (row within the chunk, float32 [n, hidden]) of image rows that take the place of the token
     # embeddings there (scheduler/media.py); only where the model takes images
     images: Sequence[tuple[int, np.ndarray]] = ()
+    # M-RoPE (scheduler/media.py): int64 [3, len(token_ids)] temporal/height/width positions where
+    # image rows lie in the chunk; None: positions first_position onwards, the three alike
+    rope_positions: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,7 @@ class ModelRunner:
         self._per_layer_tables = model.options.per_layer_block_tables
         self._has_planes = lowbit.PLANES in model.input_names
         self._image_width = model.image_width
+        self._has_rope_offsets = ROPE_OFFSETS in model.input_names
         self._table_of = list(range(self._num_layers)) if table_of is None else list(table_of)
         self._num_tables = max(self._table_of) + 1
         self.infer_seconds = 0.0  # blocked on OpenVINO (starting, waiting); the rest of a step is our Python
@@ -162,6 +167,8 @@ class ModelRunner:
             SAMPLED_INDICES: sampled if num_sampled else np.zeros(1, dtype=np.int64),
         }
         self._block_inputs(chunks, inputs)
+        if self._has_rope_offsets:
+            inputs[ROPE_OFFSETS] = self._rope_offsets(chunks, begins, positions)
         if self._has_scores:
             inputs["score_aggregation_window"] = np.array([c.score_window for c in chunks], dtype=np.int32)
         if self._has_rotation:
@@ -182,6 +189,18 @@ class ModelRunner:
         inputs = bound.write(inputs)
         ids = inputs["input_ids"]
         return PreparedStep(bound.request, inputs, np.flatnonzero(ids < 0).tolist(), [c.num_logits for c in chunks])
+
+    @staticmethod
+    def _rope_offsets(chunks: Sequence[ScheduledChunk], begins: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """M-RoPE's [tokens, 2] height and width offsets from the temporal positions, which are set
+        in `positions` (in place) for chunks holding image rows; 0 on every other token."""
+        offsets = np.zeros((len(positions), 2), np.int64)
+        for i, c in enumerate(chunks):
+            if c.rope_positions is not None:
+                rows = slice(begins[i], begins[i + 1])
+                positions[rows] = c.rope_positions[0]
+                offsets[rows] = (c.rope_positions[1:] - c.rope_positions[0]).T
+        return offsets
 
     @staticmethod
     def planes(chunks: Sequence[ScheduledChunk]) -> int:

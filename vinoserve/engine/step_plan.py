@@ -60,9 +60,21 @@ def chunk(s: ScheduledSequence, req: RequestState) -> ScheduledChunk:
     # exactly the image rows this chunk's positions take: a span cut by the budget is fed in parts,
     # and a recomputed (preempted) prompt is fed them again
     images = [(at - start, rows) for at, rows in media.rows_in(seq.images, start, end)] if seq.images else ()
-    return ScheduledChunk(tokens, seq.num_cached_tokens, seq.block_tables, wanted, Evictor.first_position(seq, ev),
+    first, rope = Evictor.first_position(seq, ev), None
+    if seq.images and seq.images[0].grid is not None:
+        first, rope = _rope_positions(seq, start, len(tokens), first)
+    return ScheduledChunk(tokens, seq.num_cached_tokens, seq.block_tables, wanted, first,
                           Evictor.score_window(ev, seq, s.num_tokens, s.samples),
-                          prompt=start < len(seq.prompt_token_ids) or end - start > 1, images=images)
+                          prompt=start < len(seq.prompt_token_ids) or end - start > 1, images=images,
+                          rope_positions=rope)
+
+
+def _rope_positions(seq: Sequence, start: int, num_tokens: int, first: int | None):
+    """M-RoPE: the chunk's first position past the images before it, and where it holds image
+    rows, its three position streams; both moved as an eviction moved the first position."""
+    base = seq.num_cached_tokens if first is None else first
+    rope = media.rope_positions(seq.images, start, start + num_tokens)
+    return base + media.rope_shift(seq.images, start), None if rope is None else rope + (base - start)
 
 
 def sampling_rows(plan: SchedulerOutput, reqs: list[RequestState],

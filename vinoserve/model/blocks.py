@@ -85,6 +85,7 @@ def gated_ffn(x: ov.Output, gate: ov.Output, up: ov.Output, down: ov.Output, act
 # subgraph f32 (MarkRopeInputsToKeepInMixedPrecision); unfused, position * inv_freq is computed
 # in bf16, whose 8-bit mantissa cannot even hold the position above 256.
 _END = np.iinfo(np.int32).max
+ROPE_OFFSETS = "rope_offsets"  # M-RoPE models' input (Inputs.rope_offsets)
 
 
 def _rotate_half(x: ov.Output, rope_dim: int) -> ov.Output:
@@ -120,6 +121,9 @@ class Inputs:
     attention_mask: ov.Node
     position_ids: ov.Node
     beam_idx: ov.Node
+    # M-RoPE models only (RopeConfig.sections): i64 [tokens, 2], each token's height and width
+    # positions less its temporal one (position_ids): 0 on text, where the three streams agree.
+    rope_offsets: ov.Node | None = None
     _masks: dict[int, ov.Output] = field(default_factory=dict)
     _ropes: dict[tuple, Rope] = field(default_factory=dict)
 
@@ -135,7 +139,8 @@ class Inputs:
 
     @property
     def parameters(self) -> list[ov.Node]:
-        return [self.input_ids, self.attention_mask, self.position_ids, self.beam_idx]
+        extra = [] if self.rope_offsets is None else [self.rope_offsets]
+        return [self.input_ids, self.attention_mask, self.position_ids, self.beam_idx, *extra]
 
     def rope(self, cfg: RopeConfig) -> Rope:
         inv_freq = cfg.inverse_frequencies().astype(np.float32)
@@ -143,6 +148,8 @@ class Inputs:
         if key not in self._ropes:
             angles = ops.multiply(ops.unsqueeze(ops.convert(self.position_ids, ov.Type.f32), const(2)),
                                   const(inv_freq.reshape(1, 1, -1), np.float32))
+            if cfg.sections is not None:
+                angles = self._stream_angles(angles.output(0), cfg)
             emb = ops.concat([angles, angles], axis=2)
             cos, sin = ops.cos(emb), ops.sin(emb)
             if cfg.attention_factor != 1.0:
@@ -151,6 +158,20 @@ class Inputs:
             self._ropes[key] = Rope(ops.unsqueeze(cos, const(1)).output(0), ops.unsqueeze(sin, const(1)).output(0),
                                     cfg.dim)
         return self._ropes[key]
+
+    def _stream_angles(self, angles: ov.Output, cfg: RopeConfig) -> ov.Output:
+        """M-RoPE: angles [B, L, dim/2] plus each token's height and width offsets times their
+        streams' frequencies, elementwise (the plugin keeps every node above a fused RoPE's cos/sin
+        in f32; a MatMul here might still run in bf16)."""
+        if self.rope_offsets is None:
+            self.rope_offsets = ops.parameter([-1, 2], ov.Type.i64, name=ROPE_OFFSETS)
+            self.rope_offsets.output(0).set_names({ROPE_OFFSETS})
+        offsets = ops.convert(self.rope_offsets, ov.Type.f32)
+        rows = cfg.stream_frequencies().astype(np.float32)
+        extra = ops.add(
+            ops.multiply(ops.slice(offsets, const([0]), const([1]), const([1]), const([1])), const(rows[:1], np.float32)),
+            ops.multiply(ops.slice(offsets, const([1]), const([2]), const([1]), const([1])), const(rows[1:], np.float32)))
+        return ops.add(angles, ops.reshape(extra, ops.shape_of(angles), special_zero=False)).output(0)
 
     def mask(self, window: int) -> ov.Output:
         """Additive mask [B, 1, L, K]: query i (absolute kv_len - L + i) sees key j <= it, not

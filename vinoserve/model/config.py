@@ -102,6 +102,8 @@ class ModelConfig:
             d["partial_rotary_factor"] = self.rope.dim / self.head_size
         if self.rope.attention_factor != 1.0:
             d["vinoserve_rope_attention_factor"] = self.rope.attention_factor
+        if self.rope.sections is not None:
+            d["vinoserve_mrope_section"] = list(self.rope.sections)
         if self.sliding_windows:
             d["sliding_window"] = max(self.sliding_windows)
             d["layer_types"] = ["sliding_attention" if w else "full_attention" for w in self.sliding_windows]
@@ -163,8 +165,10 @@ def rope_from_hf(d: dict, head_size: int, max_context: int) -> RopeConfig:
                         max_context, scaling.get("attention_factor"))
     kind = scaling.get("rope_type", scaling.get("type")) if scaling else None
     default_factor = yarn_attention_factor(scaling) if kind == "yarn" else 1.0
+    sections = d.get("vinoserve_mrope_section")
     return RopeConfig(theta=theta, dim=rope_dim, scaling=scaling, freq_factors=tuple(factors) if factors else None,
-                      attention_factor=float(d.get("vinoserve_rope_attention_factor", default_factor)))
+                      attention_factor=float(d.get("vinoserve_rope_attention_factor", default_factor)),
+                      sections=tuple(sections) if sections else None)
 
 
 def sliding_windows_from_hf(d: dict, num_layers: int, max_context: int) -> tuple[int, ...]:

@@ -22,6 +22,7 @@ import openvino as ov
 import openvino.opset13 as ops
 
 from vinoserve.model import lowbit
+from vinoserve.model.blocks import ROPE_OFFSETS
 from vinoserve.model.image_attention import TOKEN_TYPES
 from vinoserve.model.image_inputs import IMAGE_EMBEDS, IMAGE_ROWS
 
@@ -48,5 +49,7 @@ def graph(model: ov.Model) -> ov.Model:
         shapes |= {IMAGE_ROWS: ov.PartialShape([0]), IMAGE_EMBEDS: ov.PartialShape([ov.Dimension(0), width])}
     if TOKEN_TYPES in names:  # nor token types: its one row is causal
         shapes[TOKEN_TYPES] = ov.PartialShape([0])
+    if ROPE_OFFSETS in names:  # M-RoPE: the token's height and width offsets (0: a generated token)
+        shapes[ROPE_OFFSETS] = ov.PartialShape([TOKENS, 2])
     clone.reshape(shapes)
     return clone

@@ -16,6 +16,7 @@ from vinoserve.memory import resident_bytes
 from vinoserve.model import cpu_defaults, decode_model, lowbit, one_token
 from vinoserve.model import fuse_projections as projections
 from vinoserve.model.block_offsets import split_block_offsets
+from vinoserve.model.blocks import ROPE_OFFSETS
 from vinoserve.model.compile_options import CompileOptions
 from vinoserve.model.errors import ModelLoadError, last_line
 from vinoserve.model.graph_facts import (MAX_CONTEXT_LEN_INPUT, SLIDING_WINDOW_INPUT, GraphFacts, layer_index,
@@ -110,6 +111,11 @@ class PagedModel:
         """The hidden size of the image rows it takes (model/image_inputs.py); None: it takes none."""
         embeds = next((i for i in self.compiled.inputs if IMAGE_EMBEDS in i.get_names()), None)
         return None if embeds is None else embeds.get_partial_shape()[1].get_length()
+
+    @property
+    def image_grids(self) -> bool:
+        """It places image rows by M-RoPE (an image's grid gives their positions: scheduler/media.py)."""
+        return ROPE_OFFSETS in self.input_names
 
     @property
     def bidirectional_images(self) -> bool:

@@ -24,6 +24,9 @@ class RopeConfig:
     # LongRoPE's short or long factors).
     freq_factors: tuple[float, ...] | None = field(default=None, repr=False)
     attention_factor: float = 1.0  # cos and sin are scaled by it (LongRoPE's mscale)
+    # M-RoPE (Qwen2-VL): how many of the dim/2 frequencies, in order, turn with the position's
+    # temporal, height and width stream (HF's mrope_section); None: one stream, plain RoPE.
+    sections: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
         kind = self.scaling_type
@@ -33,6 +36,9 @@ class RopeConfig:
             )
         if self.freq_factors is not None and len(self.freq_factors) != self.dim // 2:
             raise ValueError(f"rope freq_factors has {len(self.freq_factors)} entries, expected {self.dim // 2}")
+        if self.sections is not None and (len(self.sections) != 3 or sum(self.sections) != self.dim // 2):
+            raise ValueError(f"M-RoPE sections {list(self.sections)} must be three counts of the {self.dim // 2} "
+                             "rotary frequencies (temporal, height, width)")
 
     @property
     def scaling_type(self) -> str | None:
@@ -54,6 +60,18 @@ class RopeConfig:
         elif kind == "yarn":
             inv = _yarn_scale(inv, self.dim, self.theta, self.scaling)
         return inv
+
+
+    def stream_frequencies(self) -> np.ndarray:
+        """[2, dim/2] float64: the inverse frequencies that turn with the height and the width stream
+        (0 elsewhere). A token at temporal position p whose height and width positions are p + dh
+        and p + dw turns frequency j by p * inv[j] + dh * rows[0, j] + dw * rows[1, j]."""
+        inv = self.inverse_frequencies()
+        rows = np.zeros((2, len(inv)))
+        if self.sections is not None:
+            t, h, _ = self.sections
+            rows[0, t:t + h], rows[1, t + h:] = inv[t:t + h], inv[t + h:]
+        return rows
 
 
 def _llama3_scale(inv: np.ndarray, s: dict) -> np.ndarray:

@@ -21,6 +21,9 @@ class ImageSpan:
     key: bytes  # what the image is (hash of its pixels + the vision model), for prefix caching
     # its rows attend to each other both ways (model/image_attention.py): computed in one chunk
     bidirectional: bool = False
+    # M-RoPE models (Qwen2-VL): the image's rows as a (height, width) grid; its rows take their
+    # place in it as positions (rope_positions). None: positions as text's.
+    grid: tuple[int, int] | None = None
 
     @property
     def end(self) -> int:
@@ -31,11 +34,12 @@ Spans = Sequence[ImageSpan]  # a prompt's images, as callers give them
 
 
 def checked_spans(spans: Spans, prompt_len: int, width: int | None,
-                  bidirectional_rows: int | None = None) -> tuple[ImageSpan, ...]:
+                  bidirectional_rows: int | None = None, grids: bool = False) -> tuple[ImageSpan, ...]:
     """The spans in prompt order, float32; ValueError naming the problem where a span is outside
     the prompt, overlaps another or has rows of another width than the model's hidden size
     (`width` None: the model takes no images). `bidirectional_rows`: the model's image rows attend
-    to each other both ways, in images of at most this many rows (None: causally)."""
+    to each other both ways, in images of at most this many rows (None: causally). `grids`: the
+    model places image rows by M-RoPE, so each span needs its grid (and only then may have one)."""
     if not spans:
         return ()
     if width is None:
@@ -57,9 +61,49 @@ def checked_spans(spans: Spans, prompt_len: int, width: int | None,
         if bidirectional_rows is not None and len(rows) > bidirectional_rows:
             raise ValueError(f"{at}: {len(rows)} rows; this model's attention inside an image is exact "
                              f"for images of at most {bidirectional_rows} rows (its sliding window)")
+        _check_grid(span.grid, len(rows), grids, at)
         out.append(ImageSpan(span.offset, np.ascontiguousarray(rows, np.float32), span.key,
-                             bidirectional_rows is not None))
+                             bidirectional_rows is not None, span.grid))
     return tuple(out)
+
+
+def _check_grid(grid: tuple[int, int] | None, rows: int, grids: bool, at: str) -> None:
+    if not grids:
+        if grid is not None:
+            raise ValueError(f"{at}: a grid {list(grid)}, but this model places image rows as text (no M-RoPE)")
+        return
+    if grid is None or len(grid) != 2 or min(grid) < 1 or grid[0] * grid[1] != rows:
+        raise ValueError(f"{at}: this model places image rows by M-RoPE and needs each image's grid "
+                         f"(height, width) of its {rows} rows; got {grid}")
+
+
+def rope_shift(spans: Sequence[ImageSpan], position: int) -> int:
+    """How far M-RoPE positions of text at `position` are from its index: each image with a grid
+    that ends at or before it took max(height, width) positions for its height x width rows
+    (HF's get_rope_index). 0 without such images."""
+    return sum(max(s.grid) - len(s.embeddings) for s in spans if s.grid is not None and s.end <= position)
+
+
+def rope_positions(spans: Sequence[ImageSpan], start: int, stop: int) -> np.ndarray | None:
+    """int64 [3, stop - start]: the temporal, height and width positions of [start, stop) where
+    rows of an image with a grid lie there (its rows at the position it starts at, plus their row
+    and column); None where none do: there every position is index + rope_shift(start)."""
+    if not any(s.grid is not None and s.offset < stop and s.end > start for s in spans):
+        return None
+    index = np.arange(start, stop, dtype=np.int64)
+    out = np.repeat(index[None], 3, axis=0)
+    for span in spans:
+        if span.grid is None:
+            continue
+        out[:, index >= span.end] += max(span.grid) - len(span.embeddings)
+        k = index - span.offset
+        inside = (k >= 0) & (k < len(span.embeddings))
+        if inside.any():
+            first = span.offset + rope_shift(spans, span.offset)
+            out[0, inside] = first
+            out[1, inside] = first + k[inside] // span.grid[1]
+            out[2, inside] = first + k[inside] % span.grid[1]
+    return out
 
 
 def rows_in(spans: Sequence[ImageSpan], start: int, stop: int) -> list[tuple[int, np.ndarray]]:
@@ -102,4 +146,4 @@ def extra_keys(spans: Sequence[ImageSpan], start: int, stop: int) -> bytes:
 
 def same_images(a: Spans, b: Spans) -> bool:
     """Whether two prompts' images give the same KV (a fork shares its parent's)."""
-    return [(x.offset, x.key) for x in a] == [(x.offset, x.key) for x in b]
+    return [(x.offset, x.key, x.grid) for x in a] == [(x.offset, x.key, x.grid) for x in b]

@@ -10,11 +10,13 @@ from vinoserve.model.architectures.olmoe import Olmoe
 from vinoserve.model.architectures.phi3 import Phi3
 from vinoserve.model.architectures.qwen2 import Qwen2
 from vinoserve.model.architectures.qwen2moe import Qwen2Moe
+from vinoserve.model.architectures.qwen2vl import Qwen2VL
 from vinoserve.model.architectures.qwen3 import Qwen3
 from vinoserve.model.architectures.qwen3moe import Qwen3Moe
 from vinoserve.model.errors import ModelLoadError
 
-FAMILIES: tuple[type[Decoder], ...] = (Llama, Qwen2, Qwen3, Gemma3, Phi3, Qwen3Moe, Qwen2Moe, Olmoe, GptOss)
+FAMILIES: tuple[type[Decoder], ...] = (Llama, Qwen2, Qwen3, Gemma3, Phi3, Qwen3Moe, Qwen2Moe, Olmoe, GptOss,
+                                       Qwen2VL)
 _BY_GGUF = {f.gguf_architecture: f for f in FAMILIES}
 
 __all__ = ["FAMILIES", "Decoder", "WeightSource", "for_gguf"]
