@@ -195,6 +195,8 @@ def _metadata(w: gguf.GGUFWriter, dims: Shape) -> None:
         w.add_expert_count(dims.experts)
         w.add_expert_used_count(dims.used)
         w.add_expert_feed_forward_length(dims.ffn)
+    if dims.arch == "qwen2vl":  # Qwen2.5-VL's M-RoPE sections (16, 24, 24 of head 128's 64), scaled
+        w.add_rope_dimension_sections([dims.head_size // 8, 3 * dims.head_size // 16, 3 * dims.head_size // 16, 0])
     if dims.arch == "gpt-oss":
         w.add_sliding_window(_GPT_OSS_WINDOW)
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
@@ -212,6 +214,9 @@ def _layer(w: gguf.GGUFWriter, dims: Shape, p: str, mat: Callable, rng: np.rando
         mat(f"{p}{name}.weight", rows, cols)
     if gpt_oss:
         _gpt_oss_vectors(w, dims, p, rng)
+    elif dims.arch == "qwen2vl":  # Qwen2's Q/K/V biases
+        for name, size in (("attn_q", q), ("attn_k", kv), ("attn_v", kv)):
+            w.add_tensor(f"{p}{name}.bias", rng.standard_normal(size, dtype=np.float32) * 0.02)
     if dims.qk_norm:
         sizes = (dims.head_size, dims.head_size) if dims.qk_norm == "head" else (q, kv)
         for name, size in zip(("attn_q_norm", "attn_k_norm"), sizes):

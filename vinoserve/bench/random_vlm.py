@@ -7,6 +7,9 @@ ship them (and as `vinoserve serve --model DIR/x.gguf` finds the projector).
                                  writes it: fc1 named ffn_down), mlp projector 1024 -> 4096 -> 4096
     smolvlm-500m-<type>-random   SmolVLM-500M: SmolLM2-360M text model; SigLIP base patch16 at 512
                                  px, 12 layers, pixel shuffle by 4, idefics3 projector 12288 -> 960
+    qwen2.5-vl-3b-<type>-random  Qwen2.5-VL 3B: its Qwen2.5-3B text model with M-RoPE; its 32-layer ViT
+                                 (patch 14, width 1280, window attention but every 8th layer), merger
+                                 5120 -> 2048; images keep their aspect (28 px a row)
 
 The text model's vocabulary is SmolLM2's (random_models.py) plus each family's image tokens as
 control tokens: LLaVA-7B's real vocabulary (Llama-2's 32000) is not at hand, so its embedding and
@@ -38,7 +41,7 @@ _IDEFICS3_TOKENS = ("<fake_token_around_image>", "<image>", "<global-img>",
 class Tower:
     """A vision tower and its projector as an mmproj GGUF holds them."""
 
-    projector: str  # "mlp" (LLaVA) or "idefics3"
+    projector: str  # "mlp" (LLaVA), "idefics3" or "qwen2.5vl_merger"
     image_size: int
     patch_size: int
     hidden: int
@@ -49,6 +52,7 @@ class Tower:
     scale_factor: int = 1  # idefics3: the pixel shuffle's
     preproc_size: int = 0  # idefics3: the longest edge images are first resized to
     eps: float = 1e-5
+    window_pattern: int = 0  # qwen2.5vl_merger: a full-attention layer every this many
 
 
 @dataclass(frozen=True)
@@ -64,16 +68,21 @@ VLMS = {
     "smolvlm-500m": VLM(Shape("llama", 960, 32, 15, 5, 64, 2560, 100000.0),
                         Tower("idefics3", 512, 16, 768, 3072, 12, 12, scale_factor=4, preproc_size=2048, eps=1e-6),
                         _IDEFICS3_TOKENS),
+    "qwen2.5-vl-3b": VLM(Shape("qwen2vl", 2048, 36, 16, 2, 128, 11008, 1e6),
+                         Tower("qwen2.5vl_merger", 560, 14, 1280, 3420, 16, 32, mm_hidden=5120, eps=1e-6,
+                               window_pattern=8),
+                         ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")),
 }
 
 
 def tiny(name: str) -> VLM:
     """`name`'s family scaled down for tests: the same files' layout, a few MB."""
     vlm = VLMS[name]
-    text = Shape("llama", 64, 2, 4, 2, 16, 128)
+    qwen = vlm.tower.projector == "qwen2.5vl_merger"
+    text = Shape(vlm.text.arch, 64, 2, 4, 2, 16, 128)
     tower = replace(vlm.tower, image_size=32 if vlm.tower.projector == "mlp" else 64, patch_size=8, hidden=32, ffn=64,
-                    heads=2, layers=2, mm_hidden=48 if vlm.tower.mm_hidden else 0,
-                    preproc_size=128 if vlm.tower.preproc_size else 0)
+                    heads=2, layers=2, mm_hidden=(128 if qwen else 48) if vlm.tower.mm_hidden else 0,
+                    preproc_size=128 if vlm.tower.preproc_size else 0, window_pattern=2 if qwen else 0)
     return VLM(text, tower, vlm.tokens)
 
 
@@ -111,7 +120,8 @@ def write_mmproj(tower: Tower, text_hidden: int, path: Path) -> Path:
     w = gguf.GGUFWriter(str(part), "clip")
     _header(w, tower, text_hidden)
     rng = np.random.default_rng(1)
-    for name, value in _tensors(tower, text_hidden, rng):
+    tensors = _qwen_tensors if tower.projector == "qwen2.5vl_merger" else _tensors
+    for name, value in tensors(tower, text_hidden, rng):
         # positions stay F32 as convert_hf_to_gguf forces them: ggml's CPU add takes no F16 operand
         half = value.ndim >= 2 and name != "v.position_embd.weight"
         w.add_tensor(name, value.astype(np.float16 if half else np.float32))
@@ -132,9 +142,13 @@ def _header(w: gguf.GGUFWriter, t: Tower, text_hidden: int) -> None:
     w.add_uint32(V.BLOCK_COUNT, t.layers)
     w.add_uint32(V.Attention.HEAD_COUNT, t.heads)
     w.add_float32(V.Attention.LAYERNORM_EPS, t.eps)
-    llava = t.projector == "mlp"
-    w.add_array(V.IMAGE_MEAN, list(CLIP_MEAN if llava else HALF))
-    w.add_array(V.IMAGE_STD, list(CLIP_STD if llava else HALF))
+    llava, qwen = t.projector == "mlp", t.projector == "qwen2.5vl_merger"
+    w.add_array(V.IMAGE_MEAN, list(CLIP_MEAN if llava or qwen else HALF))
+    w.add_array(V.IMAGE_STD, list(CLIP_STD if llava or qwen else HALF))
+    if qwen:  # Qwen2VLVisionModel's keys
+        w.add_bool(V.USE_SILU, True)
+        w.add_vision_n_wa_pattern(t.window_pattern)
+        return
     w.add_bool(V.USE_GELU, not llava)  # CLIP's quick_gelu; SigLIP's gelu (tanh)
     if llava:  # the legacy converter's non-negative feature layer: every stored block runs
         w.add_array("clip.vision.feature_layer", [t.layers])
@@ -181,6 +195,33 @@ def _tensors(t: Tower, text_hidden: int, rng: np.random.Generator):
         yield "v.post_ln.weight", np.ones(t.hidden, np.float32)
         yield "v.post_ln.bias", np.zeros(t.hidden, np.float32)
         yield "mm.model.fc.weight", mat(text_hidden, t.hidden * t.scale_factor ** 2)
+
+
+
+def _qwen_tensors(t: Tower, text_hidden: int, rng: np.random.Generator):
+    """Qwen2.5-VL's tower as Qwen2VLVisionModel writes it: the Conv3d split in two kernels, qkv split,
+    RMSNorms, a gated SiLU MLP with biases, the merger's norm and two linears over 4 patches."""
+    def mat(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape, dtype=np.float32) * 0.02
+
+    yield "v.patch_embd.weight", mat(t.hidden, 3, t.patch_size, t.patch_size)
+    yield "v.patch_embd.weight.1", mat(t.hidden, 3, t.patch_size, t.patch_size)
+    for i in range(t.layers):
+        p = f"v.blk.{i}."
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            yield p + name + ".weight", mat(t.hidden, t.hidden)
+            yield p + name + ".bias", np.zeros(t.hidden, np.float32)
+        for name in ("ln1", "ln2"):
+            yield p + name + ".weight", np.ones(t.hidden, np.float32)
+        for name, rows, cols in (("ffn_gate", t.ffn, t.hidden), ("ffn_up", t.ffn, t.hidden),
+                                 ("ffn_down", t.hidden, t.ffn)):
+            yield p + name + ".weight", mat(rows, cols)
+            yield p + name + ".bias", np.zeros(rows, np.float32)
+    yield "v.post_ln.weight", np.ones(t.hidden, np.float32)
+    yield "mm.0.weight", mat(t.mm_hidden, t.mm_hidden)
+    yield "mm.0.bias", np.zeros(t.mm_hidden, np.float32)
+    yield "mm.2.weight", mat(text_hidden, t.mm_hidden)
+    yield "mm.2.bias", np.zeros(text_hidden, np.float32)
 
 
 if __name__ == "__main__":

@@ -128,6 +128,9 @@ class ModelRunner:
         self._has_planes = lowbit.PLANES in model.input_names
         self._image_width = model.image_width
         self._has_rope_offsets = ROPE_OFFSETS in model.input_names
+        # a step without image rows gives the image inputs these, made once (inputs are copied in)
+        self._no_images = (None if self._image_width is None else
+                           (np.zeros(0, np.int64), np.zeros((0, self._image_width), np.float32)))
         self._table_of = list(range(self._num_layers)) if table_of is None else list(table_of)
         self._num_tables = max(self._table_of) + 1
         self.infer_seconds = 0.0  # blocked on OpenVINO (starting, waiting); the rest of a step is our Python
@@ -277,8 +280,7 @@ class ModelRunner:
             inputs[IMAGE_ROWS] = np.concatenate(rows)
             inputs[IMAGE_EMBEDS] = np.concatenate([r for c in chunks for _, r in c.images])
         else:
-            inputs[IMAGE_ROWS] = np.zeros(0, np.int64)
-            inputs[IMAGE_EMBEDS] = np.zeros((0, self._image_width), np.float32)
+            inputs[IMAGE_ROWS], inputs[IMAGE_EMBEDS] = self._no_images
         if token_types:
             types = np.zeros(int(begins[-1]) if rows else 0, np.int32)
             types[inputs[IMAGE_ROWS]] = 1
