@@ -20,7 +20,7 @@ from vinoserve.model.vision.layout import image_layout
 from vinoserve.model.vision.mmproj import MMProj, VisionConfig, read_mmproj
 from vinoserve.model.vision.preprocess import preprocess, to_rgb
 from vinoserve.model.vision.projectors import build_vision_model, projection_width
-from vinoserve.model.vision.qwen_inputs import qwen_patches, rotary, window_ids
+from vinoserve.model.vision.qwen_inputs import qwen_patches, size_inputs
 
 # Frames per inference: bounds the activations (a 400M SigLIP at 896 px holds ~100 MB per frame
 # in flight) while still batching the usual few images (or one image's tiles) of a request.
@@ -90,27 +90,26 @@ class VisionModel:
 
     def _encode_dynamic(self, images: Sequence[PreparedImage]) -> list[np.ndarray]:
         """Qwen-VL: each image its own sequence; images of one size share their rotary angles
-        and windows, and batch."""
-        size, cfg = self.config.dynamic, self.config
+        and windows, and batch. 2.5-VL's rows go through the tower window by window (HF's
+        order) and come back in the image's."""
+        size = self.config.dynamic
         out: list[np.ndarray] = [np.empty(0)] * len(images)
         by_grid: dict[tuple[int, int], list[int]] = {}
         for i, image in enumerate(images):
             by_grid.setdefault(image.rope_grid, []).append(i)
         for (rows, cols), indices in by_grid.items():
             grid = (rows * size.merge, cols * size.merge)
-            cos, sin = rotary(grid, size.merge, cfg.hidden_size // cfg.num_heads)
-            inputs = {"rope_cos": cos, "rope_sin": sin}
-            if size.windowed:
-                inputs["window_ids"] = window_ids(grid, size.merge, size.window_size // size.merge // cfg.patch_size)
+            extra = size_inputs(grid, self.config)
             step = max(1, min(MAX_BATCH, MAX_BATCH_PATCHES // (grid[0] * grid[1])))
             for start in range(0, len(indices), step):
                 batch = indices[start:start + step]
                 pixels = np.stack([images[i].pixels for i in batch])
+                pixels = pixels if extra.rows is None else pixels[:, extra.rows]
                 with self._lock:
-                    result = self._request.infer({**inputs, "pixel_values": pixels})
+                    result = self._request.infer({**extra.arrays, "pixel_values": pixels})
                     embeddings = np.array(next(iter(result.values())), np.float32)
                 for i, image_rows in zip(batch, embeddings):
-                    out[i] = image_rows
+                    out[i] = image_rows if extra.restore is None else image_rows[extra.restore]
         return out
 
     def layout(self, image: PreparedImage) -> list[str | int]:
