@@ -15,6 +15,7 @@ from vision_fixtures import (CLIP_MEAN, CLIP_STD, TEXT_HIDDEN, as_stored, odd_im
 
 from vinoserve.model.errors import ModelLoadError
 from vinoserve.model.vision import image_token, load_vision
+from vinoserve.model.vision.qwen_inputs import windows
 
 UNIT = 28 * 28  # pixels per merged row: 14 px patches, 2 x 2 merged
 PIXELS = (4 * UNIT, 100 * UNIT)  # small limits, written to the file and given to HF's processor alike
@@ -89,6 +90,20 @@ def test_several_images_in_one_call_each_equal_alone(qwen):
         assert rows.shape == (image.num_tokens, TEXT_HIDDEN)
         np.testing.assert_allclose(rows, alone, rtol=0, atol=1e-5 * np.abs(alone).max())
     assert not np.allclose(together[0], together[2])
+
+
+@pytest.mark.parametrize("grid", [(14, 22), (16, 16), (2, 30), (10, 2)])
+def test_windows_are_hf_s(grid):
+    """The window order and sizes are get_vision_window_index's (edge windows partial, sides a
+    multiple of the window or not); the padded slots give back every row once."""
+    from transformers.vision_utils import get_vision_window_index
+
+    index, cu = get_vision_window_index(torch.tensor([[1, *grid]]), spatial_merge_size=2, window_size=112,
+                                        patch_size=14)
+    win = windows(grid, 2, 4)
+    np.testing.assert_array_equal(win.order, index.numpy())
+    np.testing.assert_array_equal(win.valid.sum(axis=1), np.diff(cu.numpy()))
+    np.testing.assert_array_equal(win.gather[win.scatter], np.arange(grid[0] * grid[1]))
 
 
 def test_window_size_from_the_file(tmp_path):
