@@ -13,26 +13,13 @@ import pytest
 import torch
 from PIL import Image
 from transformers import CLIPImageProcessorPil, Gemma3ImageProcessorPil, Idefics3ImageProcessorPil
-from vision_fixtures import (CLIP_MEAN, CLIP_STD, HALF, TEXT_HIDDEN, as_stored, tiny_gemma3, tiny_idefics3,
-                             tiny_llava, write_mmproj)
+from vision_fixtures import (CLIP_MEAN, CLIP_STD, HALF, TEXT_HIDDEN, as_stored, odd_images, tiny_gemma3,
+                             tiny_idefics3, tiny_llava, write_mmproj)
 
 from vinoserve.model.errors import ModelLoadError
 from vinoserve.model.vision import decode_image, load_vision
 
 FAMILIES = {"mlp": tiny_llava, "gemma3": tiny_gemma3, "idefics3": tiny_idefics3}
-
-
-def _images() -> list[Image.Image]:
-    """Odd sizes and modes: transparent RGBA, grayscale, a palette with a transparent index,
-    a tall RGB smaller than the towers' 32 px on one side."""
-    rng = np.random.default_rng(7)
-    rgba = Image.fromarray(rng.integers(0, 256, (37, 50, 4), dtype=np.uint8), "RGBA")
-    gray = Image.fromarray(rng.integers(0, 256, (80, 80), dtype=np.uint8), "L")
-    palette = Image.fromarray(rng.integers(0, 16, (45, 45), dtype=np.uint8), "P")
-    palette.putpalette(list(rng.integers(0, 256, 16 * 3, dtype=np.uint8)))
-    palette.info["transparency"] = 3
-    tall = Image.fromarray(rng.integers(0, 256, (90, 21, 3), dtype=np.uint8), "RGB")
-    return [rgba, gray, palette, tall]
 
 
 def _hf_processor(variant: str):
@@ -73,7 +60,7 @@ def family(request, tmp_path_factory):
 def test_pixels_equal_the_hf_image_processor(family):
     variant, _, _, vision = family
     processor = _hf_processor(variant)
-    for image in _images():
+    for image in odd_images():
         prepared = vision.prepare(image)
         ours = prepared.pixels.reshape(-1, 3, 32, 32)
         hf = processor(image, return_tensors="np")
@@ -86,7 +73,7 @@ def test_pixels_equal_the_hf_image_processor(family):
 
 def test_rows_equal_transformers_get_image_features(family):
     variant, projector, hf, vision = family
-    prepared = [vision.prepare(image) for image in _images()]
+    prepared = [vision.prepare(image) for image in odd_images()]
     assert vision.projector == projector
     if variant == "idefics3":
         assert [p.grid for p in prepared] == [(2, 2), (2, 2), (2, 2), (2, 1)]  # tiles and the whole image
@@ -98,7 +85,7 @@ def test_rows_equal_transformers_get_image_features(family):
 
 def test_a_batch_gives_each_image_its_own_rows(family):
     *_, vision = family
-    images = [vision.prepare(image) for image in _images()]
+    images = [vision.prepare(image) for image in odd_images()]
     together = vision.encode(images)
     for t, image in zip(together, images):
         alone = vision.encode([image])[0]
@@ -112,7 +99,7 @@ def test_layout_places_the_rows_in_the_family_s_text(family):
     from transformers import Idefics3Processor
 
     _, projector, _, vision = family
-    for image in _images():
+    for image in odd_images():
         prepared = vision.prepare(image)
         layout = vision.layout(prepared)
         assert sum(part for part in layout if isinstance(part, int)) == prepared.num_tokens
@@ -130,7 +117,7 @@ def test_layout_places_the_rows_in_the_family_s_text(family):
 
 def test_the_cache_key_follows_the_pixels(family):
     *_, vision = family
-    rgba, gray, *_ = _images()
+    rgba, gray, *_ = odd_images()
     key = vision.prepare(rgba).key
     assert isinstance(key, bytes) and len(key) == 16
     assert vision.prepare(rgba.copy()).key == key
@@ -146,7 +133,7 @@ def test_a_legacy_llava_file_without_feature_layer(tmp_path):
     runs one fewer there (ggml-org/llama.cpp#25817), which this must not."""
     hf = tiny_llava(layers=4)
     legacy = load_vision(write_mmproj(hf, tmp_path / "legacy.gguf", feature_layer=False), TEXT_HIDDEN)
-    prepared = legacy.prepare(_images()[1])
+    prepared = legacy.prepare(odd_images()[1])
     ref = _hf_rows(hf, "mlp", prepared.pixels)
     assert np.abs(legacy.encode([prepared])[0] - ref).max() <= 1e-4 * np.abs(ref).max()
 
@@ -157,7 +144,7 @@ def test_half_and_quantized_weights(tmp_path, matrices):
     stored: HF with its weights rounded the same way; the unrounded model differs."""
     hf = tiny_gemma3()
     vision = load_vision(write_mmproj(hf, tmp_path / "mmproj.gguf", matrices=matrices), TEXT_HIDDEN)
-    prepared = vision.prepare(_images()[0])
+    prepared = vision.prepare(odd_images()[0])
     rows = vision.encode([prepared])[0]
     exact = _hf_rows(hf, "gemma3", prepared.pixels)
     assert np.abs(rows - exact).max() > 1e-4 * np.abs(exact).max()  # the rounding shows
@@ -175,7 +162,7 @@ def _png(image: Image.Image) -> bytes:
 
 
 def test_decode_image_refuses_bad_data():
-    image = _images()[0]
+    image = odd_images()[0]
     decoded = decode_image(_png(image), max_pixels=10_000)
     assert decoded.size == image.size and decoded.mode == "RGBA"
     with pytest.raises(ValueError, match="not an image"):
@@ -214,8 +201,8 @@ def test_wrong_files_are_refused(tmp_path):
     with pytest.raises(ModelLoadError, match="not a vision projector.*'llama'"):
         load_vision(write_gguf(chat, tmp_path / "chat.gguf"), 32)
     hf = tiny_gemma3()
-    with pytest.raises(ModelLoadError, match="'qwen2vl_merger' is not supported"):
-        load_vision(write_mmproj(hf, tmp_path / "qwen.gguf", projector="qwen2vl_merger"), TEXT_HIDDEN)
+    with pytest.raises(ModelLoadError, match="'qwen3vl_merger' is not supported"):
+        load_vision(write_mmproj(hf, tmp_path / "qwen.gguf", projector="qwen3vl_merger"), TEXT_HIDDEN)
     with pytest.raises(ModelLoadError, match="width 48.*hidden size is 64"):
         load_vision(write_mmproj(hf, tmp_path / "gemma.gguf"), 64)
     (tmp_path / "text.gguf").write_text("not a gguf")

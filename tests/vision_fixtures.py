@@ -1,8 +1,10 @@
-"""Tiny random vision-language models (LLaVA 1.5, Gemma 3, Idefics3) and their mmproj GGUFs,
-written as llama.cpp's converters write them: tools/mtmd/legacy-models/convert_image_encoder_to_gguf.py
-for LLaVA (its fc1 -> ffn_down / fc2 -> ffn_up naming, the last layer dropped, no post-layernorm,
-the feature layer made non-negative), convert_hf_to_gguf.py's Gemma3VisionModel (soft_emb_norm
-stored as 1 + w, the pool kernel as projector.scale_factor when not 4) and SmolVLMModel."""
+"""Tiny random vision-language models (LLaVA 1.5, Gemma 3, Idefics3, Qwen2-VL, Qwen2.5-VL) and
+their mmproj GGUFs, written as llama.cpp's converters write them:
+tools/mtmd/legacy-models/convert_image_encoder_to_gguf.py for LLaVA (its fc1 -> ffn_down / fc2 ->
+ffn_up naming, the last layer dropped, no post-layernorm, the feature layer made non-negative),
+convert_hf_to_gguf.py's Gemma3VisionModel (soft_emb_norm stored as 1 + w, the pool kernel as
+projector.scale_factor when not 4), SmolVLMModel and Qwen2VLVisionModel (the Conv3d split into two
+per-frame kernels, qkv split in three, n_wa_pattern from fullatt_block_indexes)."""
 from __future__ import annotations
 
 import contextlib
@@ -12,9 +14,12 @@ from pathlib import Path
 import gguf
 import numpy as np
 import torch
+from PIL import Image
 from transformers import (CLIPVisionConfig, Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig,
                           Idefics3Config, Idefics3ForConditionalGeneration, Idefics3VisionConfig, LlamaConfig,
-                          LlavaConfig, LlavaForConditionalGeneration, SiglipVisionConfig)
+                          LlavaConfig, LlavaForConditionalGeneration, Qwen2_5_VLConfig,
+                          Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig, Qwen2VLForConditionalGeneration,
+                          SiglipVisionConfig)
 
 TEXT_HIDDEN = 48
 _TEXT = {"vocab_size": 64, "hidden_size": TEXT_HIDDEN, "intermediate_size": 64, "num_hidden_layers": 1,
@@ -30,6 +35,19 @@ _LEGACY_FFN = {"mlp.fc1": "ffn_down", "mlp.fc2": "ffn_up"}  # convert_image_enco
 _EMBED = {"embeddings.class_embedding": "v.class_embd", "embeddings.patch_embedding": "v.patch_embd",
           "embeddings.position_embedding": "v.position_embd", "pre_layrnorm": "v.pre_ln",
           "post_layernorm": "v.post_ln"}
+
+
+def odd_images() -> list[Image.Image]:
+    """Odd sizes and modes: transparent RGBA, grayscale, a palette with a transparent index,
+    a tall RGB smaller than the towers' 32 px on one side."""
+    rng = np.random.default_rng(7)
+    rgba = Image.fromarray(rng.integers(0, 256, (37, 50, 4), dtype=np.uint8), "RGBA")
+    gray = Image.fromarray(rng.integers(0, 256, (80, 80), dtype=np.uint8), "L")
+    palette = Image.fromarray(rng.integers(0, 16, (45, 45), dtype=np.uint8), "P")
+    palette.putpalette(list(rng.integers(0, 256, 16 * 3, dtype=np.uint8)))
+    palette.info["transparency"] = 3
+    tall = Image.fromarray(rng.integers(0, 256, (90, 21, 3), dtype=np.uint8), "RGB")
+    return [rgba, gray, palette, tall]
 
 
 def _randomize(model, seed: int) -> None:
@@ -65,6 +83,88 @@ def tiny_idefics3(seed: int = 0) -> Idefics3ForConditionalGeneration:
                                                             scale_factor=2)).eval()
     _randomize(model, seed)
     return model
+
+
+# Qwen-VL's special tokens within the tiny vocabulary (HF's ids are past it), and a text model
+# whose M-RoPE sections (t, h, w) fill its head_dim / 2 = 12 rotary pairs, unevenly as the real ones
+QWEN_TOKENS = {"image_token_id": 60, "video_token_id": 61, "vision_start_token_id": 62, "vision_end_token_id": 63}
+_QWEN_TEXT = {**_TEXT, "bos_token_id": 1, "eos_token_id": 2,
+              "rope_parameters": {"rope_type": "default", "mrope_section": [2, 5, 5], "rope_theta": 1e6}}
+
+
+def tiny_qwen2vl(seed: int = 0) -> Qwen2VLForConditionalGeneration:
+    """Qwen2-VL: 2 layers of LayerNorm + quick_gelu MLP, every one attending over the whole image."""
+    vision = {"depth": 2, "embed_dim": 32, "hidden_size": TEXT_HIDDEN, "mlp_ratio": 2, "num_heads": 2}
+    model = Qwen2VLForConditionalGeneration(Qwen2VLConfig(vision_config=vision, text_config=_QWEN_TEXT,
+                                                          **QWEN_TOKENS)).eval()
+    _randomize(model, seed)
+    return model
+
+
+def tiny_qwen25vl(seed: int = 0, window_size: int = 112) -> Qwen2_5_VLForConditionalGeneration:
+    """Qwen2.5-VL: 4 layers of RMSNorm + SiLU-gated MLP, layers 1 and 3 attending over the whole
+    image, 0 and 2 within windows of `window_size` pixels (112: 4 x 4 merged rows)."""
+    vision = {"depth": 4, "hidden_size": 32, "intermediate_size": 40, "num_heads": 2, "out_hidden_size": TEXT_HIDDEN,
+              "fullatt_block_indexes": [1, 3], "window_size": window_size}
+    model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(vision_config=vision, text_config=_QWEN_TEXT,
+                                                                **QWEN_TOKENS)).eval()
+    _randomize(model, seed)
+    return model
+
+
+_QWEN_LAYER = {"norm1": "ln1", "norm2": "ln2", "attn.proj": "attn_out", "mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down",
+               "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+_QWEN_MERGER = {"merger.ln_q": "v.post_ln", "merger.mlp.0": "mm.0", "merger.mlp.2": "mm.2"}
+
+
+def _qwen_tensors(visual):
+    """(llama.cpp name, array) of a Qwen-VL tower and merger, as Qwen2VLVisionModel.modify_tensors
+    names and splits them."""
+    for name, t in visual.state_dict().items():
+        a = t.float().numpy()
+        base, _, part = name.rpartition(".")
+        if name == "patch_embed.proj.weight":
+            yield "v.patch_embd.weight", np.ascontiguousarray(a[:, :, 0])
+            yield "v.patch_embd.weight.1", np.ascontiguousarray(a[:, :, 1])
+        elif base.startswith("blocks."):
+            i, _, rest = base[len("blocks."):].partition(".")
+            if rest == "attn.qkv":
+                for kind, third in zip(("attn_q", "attn_k", "attn_v"), np.split(a, 3)):
+                    yield f"v.blk.{i}.{kind}.{part}", third
+            else:
+                yield f"v.blk.{i}.{_QWEN_LAYER[rest]}.{part}", a
+        else:
+            yield f"{_QWEN_MERGER[base]}.{part}", a
+
+
+def _qwen_header(w: gguf.GGUFWriter, model, projector: str | None, pixels: tuple[int, int] | None) -> None:
+    """Qwen2VLVisionModel's keys: image_size 560 (no input size), 2-VL's embed_dim as the width,
+    the text model's rms_norm_eps (1e-6) as the layers' eps; 2.5-VL's use_silu and n_wa_pattern;
+    `pixels`: image_min_pixels / image_max_pixels (the converter writes none)."""
+    vision = model.config.vision_config
+    qwen25 = isinstance(model, Qwen2_5_VLForConditionalGeneration)
+    width = vision.hidden_size if qwen25 else vision.embed_dim
+    w.add_type(gguf.GGUFType.MMPROJ)
+    w.add_bool(gguf.Keys.Clip.HAS_VISION_ENCODER, True)
+    w.add_string(gguf.Keys.Clip.PROJECTOR_TYPE, projector or ("qwen2.5vl_merger" if qwen25 else "qwen2vl_merger"))
+    w.add_uint32(gguf.Keys.ClipVision.PROJECTION_DIM, model.config.text_config.hidden_size)
+    w.add_uint32(gguf.Keys.ClipVision.IMAGE_SIZE, 560)
+    w.add_uint32(gguf.Keys.ClipVision.PATCH_SIZE, vision.patch_size)
+    w.add_uint32(gguf.Keys.ClipVision.EMBEDDING_LENGTH, width)
+    w.add_uint32(gguf.Keys.ClipVision.FEED_FORWARD_LENGTH, vision.intermediate_size if qwen25 else vision.hidden_size)
+    w.add_uint32(gguf.Keys.ClipVision.BLOCK_COUNT, vision.depth)
+    w.add_uint32(gguf.Keys.ClipVision.Attention.HEAD_COUNT, vision.num_heads)
+    w.add_float32(gguf.Keys.ClipVision.Attention.LAYERNORM_EPS, 1e-6)
+    w.add_array(gguf.Keys.ClipVision.IMAGE_MEAN, CLIP_MEAN)
+    w.add_array(gguf.Keys.ClipVision.IMAGE_STD, CLIP_STD)
+    if qwen25:
+        w.add_bool(gguf.Keys.ClipVision.USE_SILU, True)
+        w.add_uint32(gguf.Keys.ClipVision.N_WA_PATTERN, vision.fullatt_block_indexes[0] + 1)
+        if vision.window_size != 112:  # the converter writes none: clip.cpp's 112 stands
+            w.add_uint32(gguf.Keys.ClipVision.WINDOW_SIZE, vision.window_size)
+    if pixels:
+        w.add_uint32(gguf.Keys.ClipVision.IMAGE_MIN_PIXELS, pixels[0])
+        w.add_uint32(gguf.Keys.ClipVision.IMAGE_MAX_PIXELS, pixels[1])
 
 
 def _tower_tensors(tower, layers: int, legacy: bool):
@@ -123,14 +223,18 @@ def as_stored(a: np.ndarray, matrices: str) -> np.ndarray:
 
 
 def write_mmproj(model, path: Path, *, matrices: str = "F32", feature_layer: bool = True,
-                 projector: str | None = None) -> Path:
+                 projector: str | None = None, pixels: tuple[int, int] | None = None) -> Path:
     """The model's mmproj GGUF. `matrices`: how matrices are stored (see _store).
     `feature_layer`: LLaVA's clip.vision.feature_layer key (files from CLIP-only directories lack
-    it). `projector`: write another projector type's name (for refusals)."""
+    it). `projector`: write another projector type's name (for refusals). `pixels`: Qwen-VL's
+    (min, max) pixels an image is resized within (else clip.cpp's 8 to 4096 merged rows)."""
     cfg = model.config
     vision = cfg.vision_config
     w = gguf.GGUFWriter(str(path), "clip")
-    if isinstance(model, LlavaForConditionalGeneration):
+    if isinstance(model, (Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration)):
+        _qwen_header(w, model, projector, pixels)
+        tensors = list(_qwen_tensors(model.model.visual))
+    elif isinstance(model, LlavaForConditionalGeneration):
         feature = vision.num_hidden_layers + cfg.vision_feature_layer + 1  # the converter's non-negative index
         _header(w, vision, projector or "mlp", feature, CLIP_MEAN, CLIP_STD, cfg.text_config.hidden_size)
         if feature_layer:
@@ -179,7 +283,8 @@ def pieces_fed(runner) -> Iterator[list[int]]:
         del runner.prepare
 
 
-_VISION_PARTS = ("vision_tower", "multi_modal_projector", "vision_model", "connector")  # LLaVA/Gemma 3, Idefics3
+# LLaVA/Gemma 3, Idefics3, Qwen-VL
+_VISION_PARTS = ("vision_tower", "multi_modal_projector", "vision_model", "connector", "visual")
 
 
 def with_text_model(hf, text, seed: int = 3) -> None:

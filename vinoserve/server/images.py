@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vinoserve.model.tokenizer import Tokenizer
-from vinoserve.model.vision import PreparedImage, VisionModel, decode_image
+from vinoserve.model.vision import PreparedImage, VisionModel, decode_image, image_token
 from vinoserve.scheduler.media import ImageSpan
 from vinoserve.server.errors import APIError
 from vinoserve.server.media import MediaPolicy, image_bytes
@@ -25,9 +25,6 @@ from vinoserve.server.vision_pacing import Pacing, encode_paced
 # Where an image part stood in a message: per process and unguessable, so text a user sends cannot
 # pose as an image.
 MARKER = f"<__vinoserve_image_{uuid.uuid4().hex[:12]}__>"
-# The token each family's HF processor writes where image rows go (its image_token): the rows
-# replace it, but the tokenizer splits the text around it, and a repetition penalty counts it, as HF's do.
-_PLACEHOLDER = {"mlp": "<image>", "gemma3": "<image_soft_token>", "idefics3": "<image>"}
 
 
 @dataclass(frozen=True)
@@ -103,7 +100,7 @@ def _tokenized(parts: list[str | int], tokenizer: Tokenizer, projector: str) -> 
     image token is a special token, the prompt is tokenized whole with the runs written as it, as
     its HF processor does (so text on either side tokenizes as there); else piece by piece, as
     llama.cpp's mtmd does, with token 0 under the rows."""
-    token = _PLACEHOLDER.get(projector, "")
+    token = image_token(projector)
     one = tokenizer.encode(token, add_special_tokens=False) if token else []
     special = len(one) == 1 and one[0] in tokenizer.special_token_ids
     if special:

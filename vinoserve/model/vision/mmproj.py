@@ -12,8 +12,12 @@ import numpy as np
 from vinoserve.model.errors import ModelLoadError
 from vinoserve.model.gguf_file import GGUFMeta, open_gguf
 
-PROJECTORS = ("mlp", "gemma3", "idefics3")
+QWEN_PROJECTORS = ("qwen2vl_merger", "qwen2.5vl_merger")
+PROJECTORS = ("mlp", "gemma3", "idefics3", *QWEN_PROJECTORS)
 _V = "clip.vision."
+# clip.cpp's Qwen-VL defaults where a file has no key: HF's window (112 px a side) and 2x2 merge,
+# and set_limit_image_tokens(8, 4096): 8 to 4096 merged rows an image
+_QWEN_WINDOW, _QWEN_MERGE, _QWEN_TOKENS = 112, 2, (8, 4096)
 # projector.scale_factor where a file has none, as clip.cpp assumes: Gemma 3's pool kernel (4 for
 # every released size; only test models write it) and Idefics3's pixel shuffle
 _SCALE = {"gemma3": 4, "idefics3": 2}
@@ -33,6 +37,7 @@ class VisionConfig:
     image_std: tuple[float, float, float]
     scale_factor: int  # gemma3: the average pool's kernel; idefics3: the pixel shuffle's; mlp: 1
     preproc_longest_edge: int  # idefics3: the first resize's longest edge
+    dynamic: DynamicSize | None = None  # Qwen-VL: images keep their aspect (image_size is no input size)
 
     @property
     def patches_per_side(self) -> int:
@@ -42,6 +47,25 @@ class VisionConfig:
     def num_tokens(self) -> int:
         """Embedding rows per image."""
         return (self.patches_per_side // self.scale_factor) ** 2
+
+
+@dataclass(frozen=True)
+class DynamicSize:
+    """Qwen-VL's towers: each image at its own size (a multiple of patch x merge a side, its area
+    within min..max pixels), 2x2 patches merged into one row, 2.5-VL's windowed attention."""
+    merge: int  # spatial merge: merge x merge patches become one row
+    min_pixels: int
+    max_pixels: int
+    window_size: int  # 2.5-VL: windows of this many pixels a side on windowed layers
+    wa_pattern: int  # 2.5-VL: every wa_pattern-th layer attends fully, the others in windows; 0: all fully
+
+    def full_attention(self, layer: int) -> bool:
+        return not self.wa_pattern or (layer + 1) % self.wa_pattern == 0
+
+    @property
+    def windowed(self) -> bool:
+        """Whether some layer attends in windows (layer 0 does unless every layer is full)."""
+        return not self.full_attention(0)
 
 
 class MMProj:
@@ -94,9 +118,28 @@ def _config(meta: GGUFMeta, projector: str) -> VisionConfig:
         num_heads=int(need("attention.head_count")), num_layers=_layers_run(meta, projector, blocks),
         layer_norm_eps=float(need("attention.layer_norm_epsilon")), activation=_activation(meta, projector),
         image_mean=tuple(float(v) for v in mean), image_std=tuple(float(v) for v in std), scale_factor=scale,
-        preproc_longest_edge=int(meta.field(_V + "preproc_image_size", image_size)))
+        preproc_longest_edge=int(meta.field(_V + "preproc_image_size", image_size)),
+        dynamic=_dynamic(meta, projector, patch_size) if projector in QWEN_PROJECTORS else None)
     _check(meta, config)
     return config
+
+
+def _dynamic(meta: GGUFMeta, projector: str, patch: int) -> DynamicSize:
+    merge = int(meta.field(_V + "spatial_merge_size", _QWEN_MERGE))
+    unit = (patch * merge) ** 2  # pixels per merged row
+    pattern = meta.field(_V + "n_wa_pattern")
+    if projector == "qwen2.5vl_merger" and not pattern:
+        raise ModelLoadError(f"{meta.path}: a Qwen2.5-VL projector without {_V}n_wa_pattern (which layers attend "
+                             "in windows); convert it again with llama.cpp's convert_hf_to_gguf.py")
+    size = DynamicSize(merge=merge, min_pixels=int(meta.field(_V + "image_min_pixels", _QWEN_TOKENS[0] * unit)),
+                       max_pixels=int(meta.field(_V + "image_max_pixels", _QWEN_TOKENS[1] * unit)),
+                       window_size=int(meta.field(_V + "window_size", _QWEN_WINDOW)),
+                       wa_pattern=int(pattern or 0) if projector == "qwen2.5vl_merger" else 0)
+    window_too_small = size.windowed and size.window_size < patch * merge  # HF's windows would be empty
+    if merge < 1 or not 0 < size.min_pixels <= size.max_pixels or window_too_small:
+        raise ModelLoadError(f"{meta.path}: Qwen-VL sizes out of range: merge {merge}, pixels {size.min_pixels}.."
+                             f"{size.max_pixels}, window {size.window_size} px for {patch} px patches")
+    return size
 
 
 def _layers_run(meta: GGUFMeta, projector: str, blocks: int) -> int:
@@ -126,7 +169,8 @@ def _activation(meta: GGUFMeta, projector: str) -> str:
 
 
 def _check(meta: GGUFMeta, cfg: VisionConfig) -> None:
-    if cfg.image_size % cfg.patch_size or cfg.hidden_size % cfg.num_heads:
+    # Qwen-VL's image_size is no input size (its images keep their own): only its width need divide
+    if (cfg.image_size % cfg.patch_size and not cfg.dynamic) or cfg.hidden_size % cfg.num_heads:
         raise ModelLoadError(f"{meta.path}: image size {cfg.image_size} / patch size {cfg.patch_size} / width "
                              f"{cfg.hidden_size} / {cfg.num_heads} heads do not divide evenly")
     if cfg.patches_per_side % cfg.scale_factor:
@@ -137,13 +181,17 @@ def _check(meta: GGUFMeta, cfg: VisionConfig) -> None:
                              f"them (v.blk.{cfg.num_layers - 1}.* missing)")
     if len(cfg.image_mean) != 3 or len(cfg.image_std) != 3:
         raise ModelLoadError(f"{meta.path}: image_mean and image_std need 3 values each")
+    if cfg.dynamic and not meta.has("v.patch_embd.weight.1"):
+        raise ModelLoadError(f"{meta.path}: a Qwen-VL projector without v.patch_embd.weight.1 (the patch "
+                             "convolution's second frame)")
 
 
 def _ffn_swaps(meta: GGUFMeta, cfg: VisionConfig) -> dict[str, str]:
     """llama.cpp's legacy LLaVA converter wrote fc1 as ffn_down and fc2 as ffn_up; clip.cpp swaps
-    them back where ffn_down takes the tower's width, and so does this."""
-    renamed = {}
-    for i in range(cfg.num_layers):
+    them back where ffn_down takes the tower's width, and so does this (only LLaVA's files: a
+    tower whose MLP is as wide as itself would look swapped)."""
+    renamed: dict[str, str] = {}
+    for i in range(cfg.num_layers if cfg.projector == "mlp" else 0):
         down = meta.tensors.get(f"v.blk.{i}.ffn_down.weight")
         if down is not None and int(down.shape[0]) == cfg.hidden_size:  # gguf's shape is [in, out]
             for part in ("weight", "bias"):

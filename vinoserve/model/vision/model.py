@@ -20,10 +20,14 @@ from vinoserve.model.vision.layout import image_layout
 from vinoserve.model.vision.mmproj import MMProj, VisionConfig, read_mmproj
 from vinoserve.model.vision.preprocess import preprocess, to_rgb
 from vinoserve.model.vision.projectors import build_vision_model, projection_width
+from vinoserve.model.vision.qwen_inputs import qwen_patches, size_inputs
 
 # Frames per inference: bounds the activations (a 400M SigLIP at 896 px holds ~100 MB per frame
 # in flight) while still batching the usual few images (or one image's tiles) of a request.
 MAX_BATCH = 8
+# Qwen-VL: same-size images batch up to about this many patches (8 frames of a 384 px SigLIP hold
+# ~4.6k); a larger image runs alone
+MAX_BATCH_PATCHES = 4096
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,9 @@ class PreparedImage:
     num_tokens: int  # embedding rows it becomes
     key: bytes  # blake2b-16 of the decoded RGB pixels + size: the prefix-cache key
     grid: tuple[int, int] = (0, 0)  # idefics3's tiles (rows, cols) before the whole image; (0, 0): none
+    # Qwen-VL: the image's merged rows (rows, cols), num_tokens of them in row-major order, the
+    # grid its language model's M-RoPE positions span; None for the fixed-size families
+    rope_grid: tuple[int, int] | None = None
 
 
 def image_key(rgb: Image.Image) -> bytes:
@@ -54,6 +61,11 @@ class VisionModel:
 
     def prepare(self, image: Image.Image) -> PreparedImage:
         rgb = to_rgb(image)
+        if self.config.dynamic:  # pixels: [patches, 3*2*P*P] as Qwen2VLImageProcessor's pixel_values
+            pixels, (rows, cols) = qwen_patches(rgb, self.config)
+            merge = self.config.dynamic.merge
+            rope_grid = (rows // merge, cols // merge)
+            return PreparedImage(pixels, rope_grid[0] * rope_grid[1], image_key(rgb), rope_grid=rope_grid)
         pixels, grid = preprocess(rgb, self.config, self.split)
         frames = 1 if pixels.ndim == 3 else len(pixels)
         return PreparedImage(pixels, frames * self.config.num_tokens, image_key(rgb), grid)
@@ -63,6 +75,8 @@ class VisionModel:
         frames one after another, as the layout places them)."""
         if not images:
             return []
+        if self.config.dynamic:
+            return self._encode_dynamic(images)
         size = self.config.image_size
         frames = np.concatenate([im.pixels.reshape(-1, 3, size, size) for im in images])
         rows = []
@@ -74,9 +88,34 @@ class VisionModel:
         ends = np.cumsum([im.num_tokens for im in images])
         return [flat[end - im.num_tokens:end] for im, end in zip(images, ends)]
 
+    def _encode_dynamic(self, images: Sequence[PreparedImage]) -> list[np.ndarray]:
+        """Qwen-VL: each image its own sequence; images of one size share their rotary angles
+        and windows, and batch. 2.5-VL's rows go through the tower window by window (HF's
+        order) and come back in the image's."""
+        size = self.config.dynamic
+        out: list[np.ndarray] = [np.empty(0)] * len(images)
+        by_grid: dict[tuple[int, int], list[int]] = {}
+        for i, image in enumerate(images):
+            by_grid.setdefault(image.rope_grid, []).append(i)
+        for (rows, cols), indices in by_grid.items():
+            grid = (rows * size.merge, cols * size.merge)
+            extra = size_inputs(grid, self.config)
+            step = max(1, min(MAX_BATCH, MAX_BATCH_PATCHES // (grid[0] * grid[1])))
+            for start in range(0, len(indices), step):
+                batch = indices[start:start + step]
+                pixels = np.stack([images[i].pixels for i in batch])
+                pixels = pixels if extra.rows is None else pixels[:, extra.rows]
+                with self._lock:
+                    result = self._request.infer({**extra.arrays, "pixel_values": pixels})
+                    embeddings = np.array(next(iter(result.values())), np.float32)
+                for i, image_rows in zip(batch, embeddings):
+                    out[i] = image_rows if extra.restore is None else image_rows[extra.restore]
+        return out
+
     def layout(self, image: PreparedImage) -> list[str | int]:
         """The image in the prompt, in order: text to tokenize and runs of embedding rows."""
-        return image_layout(self.projector, self.config.num_tokens, image.grid)
+        rows = image.num_tokens if image.rope_grid else self.config.num_tokens
+        return image_layout(self.projector, rows, image.grid)
 
 
 def load_vision(mmproj: Path, text_hidden_size: int, *, precision: str | None = "f32", device: str = "CPU",

@@ -10,7 +10,8 @@ import openvino.opset13 as ops
 from openvino import opset1
 
 from vinoserve.model.blocks import const, linear, rms_norm
-from vinoserve.model.vision.mmproj import MMProj
+from vinoserve.model.vision.mmproj import QWEN_PROJECTORS, MMProj
+from vinoserve.model.vision.qwen_tower import build_qwen_model
 from vinoserve.model.vision.tower import build_tower, dense, weight
 
 
@@ -58,11 +59,15 @@ def projection_width(mm: MMProj) -> int:
     shape = {"mlp": lambda: mm.weight("mm.2.weight" if mm.has("mm.2.weight") else "mm.0.weight").shape[0],
              "gemma3": lambda: mm.weight("mm.input_projection.weight").shape[1],
              "idefics3": lambda: mm.weight("mm.model.fc.weight").shape[0]}
+    shape.update({qwen: lambda: mm.weight("mm.2.weight").shape[0] for qwen in QWEN_PROJECTORS})
     return int(shape[mm.config.projector]())
 
 
 def build_vision_model(mm: MMProj) -> ov.Model:
-    """Input "pixel_values" [B, 3, S, S] f32 -> output "embeddings" [B, tokens, text width]."""
+    """Input "pixel_values" [B, 3, S, S] f32 -> output "embeddings" [B, tokens, text width];
+    Qwen-VL's: see build_qwen_model."""
+    if mm.config.dynamic:
+        return build_qwen_model(mm)
     size = mm.config.image_size
     pixels = ops.parameter([-1, 3, size, size], ov.Type.f32, name="pixel_values")
     pixels.output(0).set_names({"pixel_values"})

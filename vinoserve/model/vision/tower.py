@@ -32,7 +32,7 @@ def layer_norm(x: ov.Output, mm: MMProj, name: str, eps: float) -> ov.Output:
     return ops.add(out, weight(mm.weight(f"{name}.bias"))).output(0)
 
 
-def _activation(x: ov.Output, kind: str) -> ov.Output:
+def activation(x: ov.Output, kind: str) -> ov.Output:
     if kind == "quick_gelu":  # CLIP's: x * sigmoid(1.702 x)
         return ops.multiply(x, ops.sigmoid(ops.multiply(x, const(1.702, np.float32)))).output(0)
     if kind == "silu":
@@ -71,7 +71,7 @@ def _attention(x: ov.Output, mm: MMProj, cfg: VisionConfig, prefix: str) -> ov.O
 def _layer(x: ov.Output, mm: MMProj, cfg: VisionConfig, i: int) -> ov.Output:
     prefix, eps = f"v.blk.{i}", cfg.layer_norm_eps
     x = ops.add(x, _attention(layer_norm(x, mm, f"{prefix}.ln1", eps), mm, cfg, prefix)).output(0)
-    hidden = _activation(dense(layer_norm(x, mm, f"{prefix}.ln2", eps), mm, f"{prefix}.ffn_up"), cfg.activation)
+    hidden = activation(dense(layer_norm(x, mm, f"{prefix}.ln2", eps), mm, f"{prefix}.ffn_up"), cfg.activation)
     return ops.add(x, dense(hidden, mm, f"{prefix}.ffn_down")).output(0)
 
 
