@@ -1,5 +1,5 @@
 """`vinoserve bench vision` (issue 58's speed targets) and its random VLM files: tiny versions of
-the LLaVA-1.5-7B and SmolVLM-500M shapes, written as the real-size ones are, load in vinoserve
+the LLaVA-1.5-7B, SmolVLM-500M and Qwen2.5-VL-3B shapes, written as the real-size ones are, load in vinoserve
 and in llama.cpp (xllamacpp, where installed) and answer an image; the bench parses its
 arguments, refuses bad ones, and runs end to end against vinoserve alone."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ from vinoserve.cli import main
 from vinoserve.model.gguf_loader import GGUFModel
 from vinoserve.model.vision import load_vision
 
-FAMILIES = ("llava-1.5-7b", "smolvlm-500m")
+FAMILIES = ("llava-1.5-7b", "smolvlm-500m", "qwen2.5-vl-3b")
 
 
 @pytest.fixture(scope="module")

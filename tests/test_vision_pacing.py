@@ -76,3 +76,27 @@ def test_encoder_share_outside_zero_to_one_is_refused_at_the_command_line():
     for bad in ("0", "-0.1", "1.5"):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["serve", "--encoder-share", bad])
+
+
+def test_qwen_images_are_paced_one_whole_image_at_a_time(tmp_path):
+    """A Qwen-VL image is one sequence of its own size: paced whole, in turn, rows as alone."""
+    vlm = random_vlm.tiny("qwen2.5-vl-3b")
+    vision = load_vision(random_vlm.write_mmproj(vlm.tower, vlm.text.hidden, tmp_path / "mmproj.gguf"),
+                         vlm.text.hidden)
+    rng = np.random.default_rng(1)
+    images = [vision.prepare(Image.fromarray(rng.integers(0, 256, size, dtype=np.uint8)))
+              for size in ((48, 64, 3), (90, 40, 3))]
+    assert images[0].rope_grid != images[1].rope_grid
+    seen = []
+
+    class Recording:
+        config = vision.config
+
+        def encode(self, batch):
+            seen.append([im.rope_grid for im in batch])
+            return vision.encode(batch)
+
+    rows = encode_paced(Recording(), images, Pacing(lambda: True, share=0.5))
+    assert seen == [[images[0].rope_grid], [images[1].rope_grid]]
+    for a, b in zip(rows, vision.encode(images)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

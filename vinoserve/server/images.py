@@ -90,7 +90,8 @@ async def image_prompt(text: str, refs: Sequence[ImageRef], vision: VisionModel,
             at = starts.pop(0)
             if image_rows is not None:
                 key = hashlib.blake2b(image.key + run.to_bytes(4, "little"), digest_size=16).digest()
-                spans.append(ImageSpan(at, np.ascontiguousarray(image_rows[used:used + n]), key))
+                spans.append(ImageSpan(at, np.ascontiguousarray(image_rows[used:used + n]), key,
+                                       grid=image.rope_grid))
             used += n
     return ImagePrompt(ids, tuple(spans))
 

@@ -4,8 +4,9 @@ The vision tower and the chat model share the cores: a tower run at full speed b
 engine's decode steps slows every one of them for as long as it runs (a SmolVLM image is 13
 SigLIP frames, seconds on a small machine). So, as the embedders do beside the chat model
 (model/encoders/batcher.py), while the chat model has running requests the tower computes at most
-`share` of the time: one frame at a time, resting after each for as long as its compute took
-times (1 - share) / share. With nothing decoding it runs flat out, its frames batched."""
+`share` of the time: one frame at a time (a Qwen-VL image, of its own size, whole), resting after
+each for as long as its compute took times (1 - share) / share. With nothing decoding it runs flat
+out, its frames batched."""
 from __future__ import annotations
 
 import time
@@ -31,11 +32,8 @@ def encode_paced(vision: VisionModel, images: Sequence[PreparedImage], pacing: P
     """`vision.encode(images)`, frame by frame with rests while the chat model decodes."""
     if pacing.share >= 1.0 or not images or not pacing.chat_busy():
         return vision.encode(images)
-    cfg = vision.config
-    frames = [PreparedImage(frame, cfg.num_tokens, im.key)
-              for im in images for frame in im.pixels.reshape(-1, 3, cfg.image_size, cfg.image_size)]
     rows = []
-    for frame in frames:
+    for frame in _frames(vision, images):
         start = time.perf_counter()
         rows += vision.encode([frame])
         if pacing.chat_busy():
@@ -43,3 +41,16 @@ def encode_paced(vision: VisionModel, images: Sequence[PreparedImage], pacing: P
     flat = np.concatenate(rows)
     ends = np.cumsum([im.num_tokens for im in images])
     return [flat[end - im.num_tokens:end] for im, end in zip(images, ends)]
+
+
+def _frames(vision: VisionModel, images: Sequence[PreparedImage]) -> list[PreparedImage]:
+    """The images as the tower's smallest runs: a tiled image's frames, a Qwen-VL image whole (one
+    sequence of its own size)."""
+    cfg, frames = vision.config, []
+    for im in images:
+        if im.rope_grid is not None:
+            frames.append(im)
+        else:
+            frames += [PreparedImage(f, cfg.num_tokens, im.key) for f in im.pixels.reshape(-1, 3, cfg.image_size,
+                                                                                            cfg.image_size)]
+    return frames
