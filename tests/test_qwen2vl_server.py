@@ -19,7 +19,11 @@ import torch
 from gguf_fixtures import EOS_ID, TOKENS, Vocab, tiny_hf_model, write_gguf
 from PIL import Image
 from server_process import ServerProcess
-from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessorPil
+from transformers import (
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2VLImageProcessorPil,
+)
 from vision_fixtures import CLIP_MEAN, CLIP_STD, with_text_model, write_mmproj
 
 VOCAB = Vocab(TOKENS + ["<|image_pad|>", "<|vision_start|>", "<|vision_end|>"], [1] * (len(TOKENS) - 2) + [3] * 5,

@@ -11,8 +11,8 @@ import openvino as ov
 
 from vinoserve.cache.kv_cache import KVCache
 from vinoserve.model import lowbit
-from vinoserve.model.image_attention import TOKEN_TYPES
 from vinoserve.model.blocks import ROPE_OFFSETS
+from vinoserve.model.image_attention import TOKEN_TYPES
 from vinoserve.model.image_inputs import IMAGE_EMBEDS, IMAGE_ROWS
 from vinoserve.model.paged import SAMPLED_INDICES, PagedModel
 

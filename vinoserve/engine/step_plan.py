@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
+
 from vinoserve.engine.evictor import Evictor
 from vinoserve.engine.model_runner import PreparedStep, ScheduledChunk
 from vinoserve.engine.request_state import RequestState
@@ -69,7 +71,7 @@ def chunk(s: ScheduledSequence, req: RequestState) -> ScheduledChunk:
                           rope_positions=rope)
 
 
-def _rope_positions(seq: Sequence, start: int, num_tokens: int, first: int | None):
+def _rope_positions(seq: Sequence, start: int, num_tokens: int, first: int | None) -> tuple[int, np.ndarray | None]:
     """M-RoPE: the chunk's first position past the images before it, and where it holds image
     rows, its three position streams; both moved as an eviction moved the first position."""
     base = seq.num_cached_tokens if first is None else first
