@@ -26,7 +26,7 @@ from vinoserve.engine.llm_engine import EngineConfig, LLMEngine
 from vinoserve.model import cpu_defaults
 from vinoserve.model.compile_options import CompileOptions
 from vinoserve.model.cpu_class import CpuClass
-from vinoserve.model.image_inputs import IMAGE_EMBEDS, IMAGE_ROWS
+from vinoserve.model.image_inputs import IMAGE_EMBEDS, IMAGE_ROWS, ImageRules
 from vinoserve.scheduler import media
 from vinoserve.scheduler.media import ImageSpan
 from vinoserve.scheduler.sampling_params import SamplingParams
@@ -277,7 +277,7 @@ def test_the_one_token_clone_takes_no_rows_statically_and_image_requests_compute
 
 def test_spans_come_back_in_prompt_order_and_key_only_the_blocks_they_reach():
     a, b = ImageSpan(40, np.ones((8, 4), np.float64), b"a"), ImageSpan(2, np.ones((3, 4), np.float32), b"b")
-    spans = media.checked_spans([a, b], 64, 4)
+    spans = media.checked_spans([a, b], 64, ImageRules(4))
     assert [s.key for s in spans] == [b"b", b"a"] and spans[1].embeddings.dtype == np.float32
     assert [(at, len(rows)) for at, rows in media.rows_in(spans, 4, 44)] == [(4, 1), (40, 4)]
     assert media.extra_keys(spans, 8, 40) == b"" and media.extra_keys(spans, 32, 64) != media.extra_keys(spans, 36, 68)

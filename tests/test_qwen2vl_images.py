@@ -19,6 +19,7 @@ from vinoserve.engine.llm import LLM
 from vinoserve.engine.llm_engine import EngineConfig
 from vinoserve.model.compile_options import CompileOptions
 from vinoserve.model.errors import ModelLoadError
+from vinoserve.model.image_inputs import ImageRules
 from vinoserve.model.loader import load_model
 from vinoserve.scheduler import media
 from vinoserve.scheduler.media import ImageSpan
@@ -159,7 +160,7 @@ def test_preemption_recomputes_images_at_their_positions(qwen):
 def test_positions_run_as_hf_get_rope_index(qwen):
     hf, _, images = qwen
     ids, spans, vision = _prompt([_text(1, 5), 0, _text(2, 4), 1, [257], 2, _text(3, 3)], images)
-    spans = media.checked_spans(spans, len(ids), 64, grids=True)
+    spans = media.checked_spans(spans, len(ids), ImageRules(64, grids=True))
     theirs, delta = hf.model.get_rope_index(torch.tensor([ids]), (torch.tensor([ids]) == IMAGE_TOKEN).int(),
                                             image_grid_thw=vision[1])
     ours = media.rope_positions(spans, 0, len(ids))

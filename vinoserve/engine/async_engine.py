@@ -177,8 +177,7 @@ class AsyncLLMEngine:
         params.validate()
         ids = self.engine.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self.engine.check_request(ids, params, self.engine.new_eviction(cache_eviction))
-        paged = self.engine.model.paged
-        media.checked_spans(images, len(ids), paged.image_width, grids=paged.image_grids)
+        media.checked_spans(images, len(ids), self.engine.model.image_rules)
         return ids
 
     @property

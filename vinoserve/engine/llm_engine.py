@@ -119,9 +119,7 @@ class LLMEngine:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         eviction = self.new_eviction(cache_eviction)
         self.check_request(ids, params, eviction)
-        paged = self.model.paged
-        spans = media.checked_spans(images, len(ids), paged.image_width, self.model.bidirectional_rows,
-                                    paged.image_grids)
+        spans = media.checked_spans(images, len(ids), self.model.image_rules)
         seq = Sequence(request_id, ids, params, time.monotonic() if arrival_time is None else arrival_time,
                        block_tables=self.blocks.new_tables(), images=spans)
         if eviction is not None and eviction.state.config.during_prefill:

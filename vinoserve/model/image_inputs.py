@@ -9,6 +9,8 @@ exports take it alike, and a text-only model compiles exactly as before.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
@@ -17,6 +19,17 @@ from vinoserve.model.errors import ModelLoadError
 
 IMAGE_EMBEDS = "image_embeds"  # f32 [M, hidden]
 IMAGE_ROWS = "image_rows"  # i64 [M]: rows of the step's flattened tokens they replace
+
+
+@dataclass(frozen=True)
+class ImageRules:
+    """What image rows a compiled model takes (scheduler/media.py checks a request's against it)."""
+
+    width: int | None  # the rows' width, its hidden size; None: it takes no images
+    bidirectional_rows: int | None = None  # rows attend both ways, in images of at most this many (image_attention.py)
+    grids: bool = False  # rows placed by M-RoPE: each image needs its grid
+
+
 # between input_ids and the token table's Gather (the transformation's [T] -> [T, 1])
 _ID_PATH = {"Unsqueeze", "Reshape", "Convert"}
 

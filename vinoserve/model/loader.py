@@ -11,6 +11,7 @@ from vinoserve.model.architectures.phi3 import pin_longrope
 from vinoserve.model.convert import converted_dir
 from vinoserve.model.errors import ModelLoadError, last_line
 from vinoserve.model.image_attention import bidirectional_images, max_image_rows
+from vinoserve.model.image_inputs import ImageRules
 from vinoserve.model.weights import WeightFormat
 from vinoserve.model.paged import PagedModel, compile_paged
 from vinoserve.model.compile_options import CompileOptions
@@ -54,6 +55,10 @@ class LoadedModel:
         if not self.paged.bidirectional_images:
             return None
         return max_image_rows(self.config.sliding_windows, self.config.max_context)
+
+    @property
+    def image_rules(self) -> ImageRules:
+        return ImageRules(self.paged.image_width, self.bidirectional_rows, self.paged.image_grids)
 
 
 def load_model(model: str | None = None, options: CompileOptions = CompileOptions(),

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vinoserve.model.image_inputs import ImageRules
+
 
 @dataclass(frozen=True, eq=False)
 class ImageSpan:
@@ -33,15 +35,14 @@ class ImageSpan:
 Spans = Sequence[ImageSpan]  # a prompt's images, as callers give them
 
 
-def checked_spans(spans: Spans, prompt_len: int, width: int | None,
-                  bidirectional_rows: int | None = None, grids: bool = False) -> tuple[ImageSpan, ...]:
+def checked_spans(spans: Spans, prompt_len: int, rules: ImageRules) -> tuple[ImageSpan, ...]:
     """The spans in prompt order, float32; ValueError naming the problem where a span is outside
-    the prompt, overlaps another or has rows of another width than the model's hidden size
-    (`width` None: the model takes no images). `bidirectional_rows`: the model's image rows attend
-    to each other both ways, in images of at most this many rows (None: causally). `grids`: the
-    model places image rows by M-RoPE, so each span needs its grid (and only then may have one)."""
+    the prompt, overlaps another, has rows of another width than the model's hidden size or
+    breaks another of the model's `rules` (rows attending both ways: images of a bounded size;
+    rows placed by M-RoPE: each image's grid, and only then)."""
     if not spans:
         return ()
+    width, bidirectional_rows = rules.width, rules.bidirectional_rows
     if width is None:
         raise ValueError("this model takes no images")
     out, end = [], 0
@@ -61,7 +62,7 @@ def checked_spans(spans: Spans, prompt_len: int, width: int | None,
         if bidirectional_rows is not None and len(rows) > bidirectional_rows:
             raise ValueError(f"{at}: {len(rows)} rows; this model's attention inside an image is exact "
                              f"for images of at most {bidirectional_rows} rows (its sliding window)")
-        _check_grid(span.grid, len(rows), grids, at)
+        _check_grid(span.grid, len(rows), rules.grids, at)
         out.append(ImageSpan(span.offset, np.ascontiguousarray(rows, np.float32), span.key,
                              bidirectional_rows is not None, span.grid))
     return tuple(out)
