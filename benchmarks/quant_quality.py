@@ -10,6 +10,13 @@ beside `auto` (which adds each block's min exactly): `int4` (requantized to symm
 and a zero point rounded to an integer (openvino.genai's Q4_1/Q4_K mapping, written here as a Q4_1
 file whose mins are rounded to whole steps: `auto` of it computes exactly that model).
 
+The mixture-of-experts variants (`moe-q4_0`, `moe-q4_k_m-like`, issue 57) are SmolLM2 upcycled the
+way sparse-upcycled models start: every layer's FFN copied into 8 experts, each copy's weights
+scaled by its own 1 + 0.1 N(0, 1) noise so they differ, a random router (2 of 8, weights
+renormalised, Mixtral's routing), the experts quantized one by one. No real MoE checkpoint is at
+hand here; trained weights and real activations through the expert path are what matter for
+comparing `auto` (experts kept in their blocks, the plugin's GatherMatmul) with `f32`.
+
 Teacher-forced perplexity over real English text (vinoserve.bench.perplexity, as docs/eviction.md
 and benchmarks/results/ measure it): windows of --window-len tokens, the last --forced fed one
 decode step at a time.
@@ -57,19 +64,21 @@ def _rounded_min(name: str, raw: np.ndarray, qtype: T) -> np.ndarray:
     return blocks.reshape(raw.shape)
 
 
+def _copy_fields(src: gguf.GGUFReader, w: gguf.GGUFWriter) -> gguf.GGUFWriter:
+    for name, f in src.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_array(name, f.contents())
+        else:
+            w.add_key_value(name, f.contents(), f.types[0])
+    return w
+
+
 def write_variant(src: gguf.GGUFReader, out: Path, variant: str) -> Path:
     if out.is_file():
         return out
-    w = gguf.GGUFWriter(str(out) + ".part", "llama", use_temp_file=True)
-    for name, f in src.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture",):
-            continue
-        kind = f.types[0]
-        value = f.contents()
-        if kind == gguf.GGUFValueType.ARRAY:
-            w.add_array(name, value)
-        else:
-            w.add_key_value(name, value, kind)
+    w = _copy_fields(src, gguf.GGUFWriter(str(out) + ".part", "llama", use_temp_file=True))
     for t in src.tensors:
         raw = np.asarray(t.data)
         if variant == "q4_1-rounded-zp":
@@ -84,6 +93,43 @@ def write_variant(src: gguf.GGUFReader, out: Path, variant: str) -> Path:
         blocks = (kquants.quantize(x, qtype) if qtype in kquants.ENCODERS
                   else gguf.quants.quantize(x, qtype))
         w.add_tensor(t.name, blocks, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    Path(str(out) + ".part").rename(out)
+    return out
+
+
+EXPERTS, USED = 8, 2
+
+
+def write_moe_variant(src: gguf.GGUFReader, out: Path, variant: str) -> Path:
+    """SmolLM2 upcycled (see the module's docstring): `llama` with expert_count, its FFNs as experts."""
+    if out.is_file():
+        return out
+    w = _copy_fields(src, gguf.GGUFWriter(str(out) + ".part", "llama", use_temp_file=True))
+    w.add_expert_count(EXPERTS)
+    w.add_expert_used_count(USED)
+    w.add_bool("llama.expert_weights_norm", True)
+    rng = np.random.default_rng(0)
+    for t in src.tensors:
+        x = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).reshape(tuple(int(d) for d in reversed(t.shape)))
+        layer = int(t.name.split(".")[1]) if t.name.startswith("blk.") else 0
+        if x.ndim == 1:
+            w.add_tensor(t.name, x.astype(np.float32))
+            continue
+        kind = t.name.rsplit(".", 2)[-2] if t.name.startswith("blk.") else ""
+        copies = [x * (1 + 0.1 * rng.standard_normal(x.shape, dtype=np.float32))
+                  for _ in range(EXPERTS)] if kind in ("ffn_gate", "ffn_up", "ffn_down") else [x]
+        qtype = T.Q4_0 if variant == "moe-q4_0" else _q4_k_m_like(t.name, x, layer)
+        blocks = [kquants.quantize(c, qtype) if qtype in kquants.ENCODERS else gguf.quants.quantize(c, qtype)
+                  for c in copies]
+        name = t.name.replace(f".{kind}.", f".{kind}_exps.") if len(copies) > 1 else t.name
+        w.add_tensor(name, np.stack(blocks) if len(copies) > 1 else blocks[0], raw_dtype=qtype)
+        if kind == "ffn_up":  # one router a layer, f32 as llama-quantize leaves it
+            w.add_tensor(f"blk.{layer}.ffn_gate_inp.weight",
+                         rng.standard_normal((EXPERTS, x.shape[1]), dtype=np.float32) * 0.05)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -111,8 +157,9 @@ def main() -> None:
     print("| file | compute | weights | perplexity | / first |")
     print("| --- | --- | --- | --- | --- |")
     for variant in args.variants.split(","):
-        path = base if variant == "q4_1" else write_variant(
-            src, cache_root() / "bench" / f"smollm2-135m-{variant}.gguf", variant)
+        write = write_moe_variant if variant.startswith("moe-") else write_variant
+        path = base if variant == "q4_1" else write(src, cache_root() / "bench" / f"smollm2-135m-{variant}.gguf",
+                                                    variant)
         for precision in args.precisions.split(","):
             ref = None
             for fmt in args.formats.split(","):
