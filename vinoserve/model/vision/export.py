@@ -10,7 +10,6 @@ fixes: they are computed inside the graph from pixel_values' shape, so the model
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ import openvino.opset13 as ops
 
 from vinoserve.model.encoders.model import EncoderOptions
 from vinoserve.model.errors import ModelLoadError, last_line
+from vinoserve.model.spec import read_json
 from vinoserve.model.vision.mmproj import VisionConfig
 from vinoserve.model.vision.model import VisionModel, check_precision
 
@@ -46,14 +46,14 @@ def load_export_vision(path: Path, text_hidden_size: int, *, precision: str | No
 def export_vision_config(path: Path) -> tuple[VisionConfig, bool]:
     """The export's VisionConfig (its projector type one of PROJECTORS' values) and whether its
     processor cuts large images into tiles (idefics3's do_image_splitting)."""
-    config = _json(path / "config.json")
+    config = read_json(path / "config.json", required=True)
     model_type = config.get("model_type", "")
     if model_type not in PROJECTORS:
         raise ModelLoadError(f"{path}: images from a {model_type or 'model_type-less'} export are not served "
                              f"(from IR: {', '.join(PROJECTORS)})")
     vision, processor = config.get("vision_config") or {}, _processor(path)
     projector = PROJECTORS[model_type]
-    try:
+    try:  # the tower's shape is the IR's; what is read of it here sizes the preprocessing and says what it is
         size, patch = int(vision["image_size"]), int(vision["patch_size"])
         cfg = VisionConfig(
             projector=projector, image_size=size, patch_size=patch, hidden_size=int(vision["hidden_size"]),
@@ -70,10 +70,10 @@ def export_vision_config(path: Path) -> tuple[VisionConfig, bool]:
     return cfg, bool(processor.get("do_image_splitting", True))
 
 
-def read_vision_graph(path: Path, cfg: VisionConfig) -> ov.Model:
+def read_vision_graph(core: ov.Core, path: Path, cfg: VisionConfig) -> ov.Model:
     """The export's vision model taking pixel_values alone, checked to give cfg.num_tokens rows an image."""
     try:
-        model = ov.Core().read_model(path / VISION_XML)
+        model = core.read_model(path / VISION_XML)
     except RuntimeError as e:
         raise ModelLoadError(f"{path}/{VISION_XML} cannot be read (truncated or corrupt?): {last_line(e)}") from e
     names = {p.get_output_tensor(0).get_any_name(): p for p in model.get_parameters()}
@@ -115,14 +115,15 @@ def _whole_frame_patches(model: ov.Model, names: dict[str, ov.Node], side: int) 
 
 def compile_vision(path: Path, cfg: VisionConfig, text_hidden_size: int, precision: str | None, device: str,
                    num_threads: int | None) -> ov.CompiledModel:
-    model = read_vision_graph(path, cfg)
+    core = ov.Core()
+    model = read_vision_graph(core, path, cfg)
     width = model.output(0).get_partial_shape()[2]
     if width.is_dynamic or width.get_length() != text_hidden_size:
         raise ModelLoadError(f"{path}/{VISION_XML} writes rows of width {width}, but the language model's hidden "
                              f"size is {text_hidden_size}")
     options = EncoderOptions(device=device, inference_precision=precision, num_threads=num_threads)
     try:
-        return ov.Core().compile_model(model, device, options.properties())
+        return core.compile_model(model, device, options.properties())
     except RuntimeError as e:
         raise ModelLoadError(f"{path}/{VISION_XML} does not compile: {last_line(e)}") from e
 
@@ -143,6 +144,8 @@ def _check_sizes(path: Path, cfg: VisionConfig, processor: dict) -> None:
                 "gemma3": [size.get("height"), size.get("width")],
                 "idefics3": [(processor.get("max_image_size") or {}).get("longest_edge", cfg.image_size)]}
     found = {int(v) for v in expected[cfg.projector] if v is not None}
+    if len(cfg.image_mean) != 3 or len(cfg.image_std) != 3:
+        raise ModelLoadError(f"{path}: the processor's image_mean and image_std need 3 values each")
     if found - {cfg.image_size} or cfg.patches_per_side % cfg.scale_factor:
         raise ModelLoadError(f"{path}: the processor's image sizes {sorted(found)} are not the tower's "
                              f"{cfg.image_size} px (or {cfg.patches_per_side} patches a side do not divide by "
@@ -153,20 +156,10 @@ def _processor(path: Path) -> dict:
     """The image processor's config: preprocessor_config.json, or processor_config.json's
     image_processor (transformers >= 5 writes the processor's parts into one file)."""
     if (path / "preprocessor_config.json").is_file():
-        return _json(path / "preprocessor_config.json")
+        return read_json(path / "preprocessor_config.json")
     if (path / "processor_config.json").is_file():
-        found = _json(path / "processor_config.json").get("image_processor")
+        found = read_json(path / "processor_config.json").get("image_processor")
         if isinstance(found, dict):
             return found
     raise ModelLoadError(f"{path} has no preprocessor_config.json (the image processor's config, which "
                          "optimum-cli copies beside the export)")
-
-
-def _json(path: Path) -> dict:
-    try:
-        d = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelLoadError(f"{path} cannot be read as JSON: {e}") from e
-    if not isinstance(d, dict):
-        raise ModelLoadError(f"{path} is not a JSON object")
-    return d
