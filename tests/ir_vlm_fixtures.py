@@ -31,9 +31,13 @@ _TEXT = {"hidden_size": 48, "intermediate_size": 64, "num_hidden_layers": 2, "nu
 _TOWER = {"hidden_size": 32, "intermediate_size": 40, "num_attention_heads": 2}
 
 
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
 def tokenizer(family: str):
     tok = hf_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": SPECIALS[family]})
+    tok.chat_template = CHAT_TEMPLATE  # the export's tokenizer carries it, as a real model's does
     return tok
 
 

@@ -15,12 +15,15 @@ import base64
 import io
 import json
 
+import httpx
 import numpy as np
+import openai
 import pytest
 import torch
 from PIL import Image
 
 from ir_vlm_fixtures import FAMILIES, export_vlm, image_processor, save_tiny_vlm
+from server_process import ServerProcess
 from vinoserve.engine.llm import LLM
 from vinoserve.engine.llm_engine import EngineConfig
 from vinoserve.model.compile_options import CompileOptions
@@ -43,21 +46,22 @@ ROWS = {"llava": 16, "gemma3": 16, "idefics3": 20}  # a 50 x 37 image's rows (Id
 
 @pytest.fixture(scope="module")
 def vlm(ir_export, tmp_path_factory):
-    """family -> (HF model, engine on its export); ir_export skips where optimum-intel is missing."""
+    """family -> (HF model, its export's directory); ir_export skips where optimum-intel is missing."""
     made = {}
 
     def get(family: str):
         if family not in made:
             root = tmp_path_factory.mktemp(f"vlm-{family}")
             hf = save_tiny_vlm(family, root / "hf")
-            ir = export_vlm(root / "hf", root / "ir")
-            llm = LLM(EngineConfig(model=str(ir), compile=F32, num_kv_blocks=32,
-                                   scheduler=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64)),
-                      log=lambda m: None)
-            made[family] = hf, llm
+            made[family] = hf, export_vlm(root / "hf", root / "ir")
         return made[family]
 
     return get
+
+
+def _llm(ir) -> LLM:
+    return LLM(EngineConfig(model=str(ir), compile=F32, num_kv_blocks=32,
+                            scheduler=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64)), log=lambda m: None)
 
 
 def _png(seed: int, size: tuple[int, int]) -> bytes:
@@ -75,10 +79,10 @@ def _served(llm: LLM, text: str, pngs: list[bytes]):
     return asyncio.run(image_prompt(text, refs, model.vision, model.tokenizer, MediaPolicy()))
 
 
-def _hf_pixels(family: str, llm: LLM, pngs: list[bytes]) -> dict:
+def _hf_pixels(family: str, vision, pngs: list[bytes]) -> dict:
     images = [Image.open(io.BytesIO(png)) for png in pngs]
     if family == "idefics3":
-        frames = [llm.engine.model.vision.prepare(image).pixels for image in images]
+        frames = [vision.prepare(image).pixels for image in images]
         return {"pixel_values": torch.from_numpy(np.concatenate(frames))[None]}
     return {"pixel_values": image_processor(family)(images, return_tensors="pt").pixel_values}
 
@@ -97,7 +101,8 @@ def _hf_generate(family: str, hf, ids: list[int], pixels: dict) -> tuple[list[in
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_one_and_two_images_equal_transformers(family, vlm):
-    hf, llm = vlm(family)
+    hf, ir = vlm(family)
+    llm = _llm(ir)
     vision = llm.engine.model.vision
     assert vision is not None and vision.projector == {"llava": "mlp"}.get(family, family)
     assert (TOKEN_TYPES in llm.engine.model.paged.input_names) == (family == "gemma3")
@@ -109,7 +114,7 @@ def test_one_and_two_images_equal_transformers(family, vlm):
         assert prompt.ids.count(image_id[0]) == ROWS[family] * len(pngs) == sum(len(s.embeddings) for s in prompt.images)
     outputs = llm.generate([p.ids for p in prompts], GREEDY, images=[list(p.images) for p in prompts])
     for prompt, (_, pngs), out in zip(prompts, cases, outputs):
-        tokens, logprobs = _hf_generate(family, hf, prompt.ids, _hf_pixels(family, llm, pngs))
+        tokens, logprobs = _hf_generate(family, hf, prompt.ids, _hf_pixels(family, vision, pngs))
         assert out.token_ids == tokens
         np.testing.assert_allclose([lp for lp, _ in out.logprobs], logprobs, rtol=0, atol=LOGPROB_ATOL)
 
@@ -123,3 +128,29 @@ def test_qwen_vl_exports_are_refused_in_one_line(model_type, name, tmp_path):
     with pytest.raises(ModelLoadError, match=f"{name} exports .* GGUF with its mmproj") as e:
         load_model(str(tmp_path), F32, log=lambda m: None)
     assert "\n" not in str(e.value)
+
+
+def test_served_by_path_alone_a_chat_with_an_image_equals_transformers(vlm, tmp_path):
+    """`vinoserve serve --model EXPORT_DIR`: the openai SDK's reply and its logprobs equal
+    transformers' greedy generation from the same image; the prompt as /tokenize counts it."""
+    hf, ir = vlm("llava")
+    png = _png(3, (37, 50))
+    url = f"data:image/png;base64,{base64.b64encode(png).decode()}"
+    messages = [{"role": "user", "content": [{"type": "text", "text": "the t "},
+                                             {"type": "image_url", "image_url": {"url": url}},
+                                             {"type": "text", "text": " he th"}]}]
+    srv = ServerProcess("--model", str(ir), "--inference-precision", "f32", "--kv-cache-precision", "f32",
+                        "--kv-cache-size", "0.02", log_path=tmp_path / "server.log").wait_ready()
+    try:
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
+        reply = client.chat.completions.create(model=ir.name, messages=messages, max_tokens=MAX_TOKENS, temperature=0,
+                                               logprobs=True, extra_body={"ignore_eos": True})
+        ids = httpx.post(f"{srv.url}/tokenize", json={"messages": messages}).json()["tokens"]
+        tokens, logprobs = _hf_generate("llava", hf, ids, _hf_pixels("llava", None, [png]))
+        text = httpx.post(f"{srv.url}/detokenize", json={"tokens": tokens}).json()["prompt"]
+    finally:
+        assert srv.terminate() == 0
+    assert ids.count(hf.config.image_token_index) == ROWS["llava"] and reply.usage.prompt_tokens == len(ids)
+    assert reply.choices[0].message.content == text
+    np.testing.assert_allclose([t.logprob for t in reply.choices[0].logprobs.content], logprobs, rtol=0,
+                               atol=LOGPROB_ATOL)

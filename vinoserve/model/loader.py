@@ -51,6 +51,13 @@ class LoadedModel:
     vision: VisionModel | None = None  # its vision tower and projector, where it takes images
 
     @property
+    def weight_files(self) -> tuple[Path, ...]:
+        """The files its language model's weights were read from."""
+        if vlm_export.is_vlm_export(self.path):
+            return vlm_export.weight_files(self.path)
+        return (self.path / "openvino_model.bin",)
+
+    @property
     def bidirectional_rows(self) -> int | None:
         """Its image rows attend to each other both ways, in images of at most this many rows
         (model/image_attention.py); None: causally."""

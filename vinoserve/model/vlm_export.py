@@ -27,6 +27,11 @@ _EMBEDS = "inputs_embeds"
 _REFUSED = {"qwen2_vl": "Qwen2-VL", "qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL"}
 
 
+def weight_files(path: Path) -> tuple[Path, ...]:
+    """The files the spliced language model's weights are read from (mapped by read_model)."""
+    return tuple(path / Path(name).with_suffix(".bin") for name in (LANGUAGE_XML, EMBEDDINGS_XML))
+
+
 def is_vlm_export(path: Path) -> bool:
     """A directory holding an image-text-to-text export's language and text-embeddings models."""
     return (path / LANGUAGE_XML).is_file() and (path / EMBEDDINGS_XML).is_file()
