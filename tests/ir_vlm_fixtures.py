@@ -1,4 +1,4 @@
-"""Tiny random vision-language models (LLaVA 1.5, Gemma 3, Idefics3) saved as HF directories with
+"""Tiny random vision-language models (LLaVA 1.5, Gemma 3, Idefics3, SmolVLM) saved as HF directories with
 their tokenizer and image processor, and exported to OpenVINO IR as users export theirs:
 optimum-intel's `main_export(..., task="image-text-to-text")`, what `optimum-cli export openvino
 --task image-text-to-text` runs."""
@@ -13,7 +13,8 @@ import torch
 from transformers import (CLIPImageProcessorPil, CLIPVisionConfig, Gemma3Config, Gemma3ForConditionalGeneration,
                           Gemma3ImageProcessorPil, Gemma3TextConfig, Idefics3Config, Idefics3ForConditionalGeneration,
                           Idefics3VisionConfig, LlamaConfig, LlavaConfig,
-                          LlavaForConditionalGeneration, SiglipVisionConfig)
+                          LlavaForConditionalGeneration, SiglipVisionConfig, SmolVLMConfig,
+                          SmolVLMForConditionalGeneration, SmolVLMVisionConfig)
 
 from ir_fixtures import hf_tokenizer
 from vision_fixtures import CLIP_MEAN, CLIP_STD, HALF
@@ -25,6 +26,7 @@ SPECIALS = {
     "idefics3": ["<image>", "<fake_token_around_image>", "<global-img>",
                  *[f"<row_{r}_col_{c}>" for r in (1, 2) for c in (1, 2)]],
 }
+SPECIALS["smolvlm"] = SPECIALS["idefics3"]
 FAMILIES = tuple(SPECIALS)
 _TEXT = {"hidden_size": 48, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
          "num_key_value_heads": 1, "max_position_embeddings": 512}
@@ -55,10 +57,14 @@ def _model(family: str, ids: dict[str, int]):
         return Gemma3ForConditionalGeneration(Gemma3Config(
             vision_config=vision, text_config=text, mm_tokens_per_image=16, image_token_index=ids["<image_soft_token>"],
             boi_token_index=ids["<start_of_image>"], eoi_token_index=ids["<end_of_image>"]))
-    vision = Idefics3VisionConfig(image_size=32, patch_size=8, num_hidden_layers=2, **_TOWER)
+    vision = {"image_size": 32, "patch_size": 8, "num_hidden_layers": 2, **_TOWER}
+    if family == "smolvlm":
+        return SmolVLMForConditionalGeneration(SmolVLMConfig(
+            vision_config=SmolVLMVisionConfig(**vision), text_config=LlamaConfig(vocab_size=vocab, **_TEXT),
+            scale_factor=2, image_token_id=ids["<image>"]))
     return Idefics3ForConditionalGeneration(Idefics3Config(
-        vision_config=vision, text_config=LlamaConfig(vocab_size=vocab, **_TEXT), scale_factor=2,
-        image_token_id=ids["<image>"]))
+        vision_config=Idefics3VisionConfig(**vision), text_config=LlamaConfig(vocab_size=vocab, **_TEXT),
+        scale_factor=2, image_token_id=ids["<image>"]))
 
 
 def image_processor(family: str):
@@ -89,7 +95,7 @@ def save_tiny_vlm(family: str, out: Path, seed: int = 0):
     model.generation_config.eos_token_id = None  # EOS just another token, as with ignore_eos
     model.save_pretrained(out)
     tok.save_pretrained(out)
-    if family == "idefics3":
+    if family in ("idefics3", "smolvlm"):
         (out / "preprocessor_config.json").write_text(json.dumps(IDEFICS3_PROCESSOR))
     else:
         image_processor(family).save_pretrained(out)
@@ -103,7 +109,7 @@ def export_vlm(hf_dir: Path, out: Path) -> Path:
     # optimum-intel 2.1 caps these exports below the test venv's transformers as untested; the
     # exports are checked token for token against transformers by the tests that use them.
     for cls in (model_configs.Gemma3OpenVINOConfig, model_configs.Gemma3TextOpenVINOConfig,
-                model_configs.Idefics3OpenVINOConfig):
+                model_configs.Idefics3OpenVINOConfig, model_configs.SmolVLMOpenVINOConfig):
         cls.MAX_TRANSFORMERS_VERSION = None
     # optimum collects garbage after each of its models: a third of a tiny export's time, in a
     # process holding the other tests' models; nothing here needs it

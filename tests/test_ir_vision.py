@@ -1,13 +1,14 @@
 """Vision-language models served from an `optimum-cli export openvino --task image-text-to-text`
-directory (issue 58): a tiny random LLaVA 1.5, Gemma 3 and Idefics3 exported by optimum-intel's
-main_export, loaded by path alone (the text embeddings spliced into the language model, the
+directory (issue 58): a tiny random LLaVA 1.5, Gemma 3, Idefics3 and SmolVLM exported by
+optimum-intel's main_export, loaded by path alone (the text embeddings spliced into the language model, the
 export's vision model found beside it), and the images of a prompt taken as the server takes them
 (server/images.py: decoded, prepared, encoded, laid out and tokenized with the export's tokenizer).
 At f32, greedy tokens and their logprobs equal transformers' generate on the same model, with one
 image and with two in one batch; Gemma 3's image rows attend to each other both ways. Pixels for
 the reference: LLaVA's and Gemma 3's HF image processors; Idefics3's processor needs torchvision
-in this venv's transformers, so vinoserve's own pixels (equal to the processor's:
-tests/test_vision_towers.py). Qwen-VL exports are refused in one line."""
+in this venv's transformers, so vinoserve's own pixels for it and SmolVLM (equal to the
+processor's: tests/test_vision_towers.py). `vinoserve serve --model EXPORT_DIR` answers a chat with
+an image as transformers does. Qwen-VL exports are refused in one line."""
 from __future__ import annotations
 
 import asyncio
@@ -41,7 +42,7 @@ F32 = CompileOptions(inference_precision="f32", kv_cache_precision="f32")
 MAX_TOKENS = 8
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, logprobs=0)
 LOGPROB_ATOL = 1e-3  # f32 on both sides; the tokens are compared exactly
-ROWS = {"llava": 16, "gemma3": 16, "idefics3": 20}  # a 50 x 37 image's rows (Idefics3: 2 x 2 tiles + the whole)
+ROWS = {"llava": 16, "gemma3": 16, "idefics3": 20, "smolvlm": 20}  # a 50 x 37 image's rows (Idefics3: 2 x 2 tiles + the whole)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +82,7 @@ def _served(llm: LLM, text: str, pngs: list[bytes]):
 
 def _hf_pixels(family: str, vision, pngs: list[bytes]) -> dict:
     images = [Image.open(io.BytesIO(png)) for png in pngs]
-    if family == "idefics3":
+    if family in ("idefics3", "smolvlm"):
         frames = [vision.prepare(image).pixels for image in images]
         return {"pixel_values": torch.from_numpy(np.concatenate(frames))[None]}
     return {"pixel_values": image_processor(family)(images, return_tensors="pt").pixel_values}
@@ -104,7 +105,7 @@ def test_one_and_two_images_equal_transformers(family, vlm):
     hf, ir = vlm(family)
     llm = _llm(ir)
     vision = llm.engine.model.vision
-    assert vision is not None and vision.projector == {"llava": "mlp"}.get(family, family)
+    assert vision is not None and vision.projector == {"llava": "mlp", "smolvlm": "idefics3"}.get(family, family)
     assert (TOKEN_TYPES in llm.engine.model.paged.input_names) == (family == "gemma3")
     first, second = _png(1, (50, 37)), _png(2, (50, 37))
     cases = [(f"the t {MARKER} he th", [first]), (f"he {MARKER} t{MARKER} the", [second, first])]

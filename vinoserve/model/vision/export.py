@@ -91,15 +91,12 @@ def read_vision_graph(core: ov.Core, path: Path, cfg: VisionConfig) -> ov.Model:
 
 def _whole_frame_patches(model: ov.Model, names: dict[str, ov.Node], side: int) -> None:
     """In place: idefics3's patch mask and positions from pixel_values' shape. Every frame is a
-    whole S x S frame (preprocess.py), so every patch is real and the positions are those HF's
-    Idefics3VisionEmbeddings buckets for a full frame (float32 coordinates, clamped below 1)."""
+    whole S x S frame (preprocess.py), so every patch is real and patch i takes position i, as
+    the mmproj tower adds them (HF's bucketize means the same for a full frame; its float32
+    rounding moves a few positions by one where the side is no power of two)."""
     frames = ops.gather(ops.shape_of(names["pixel_values"]), ops.constant(np.array([0], np.int64)),
                         ops.constant(np.int64(0)))
-    step = np.float32(1) / np.float32(side)
-    boundaries = np.arange(1, side, dtype=np.float32) * step
-    coords = np.minimum(np.arange(side, dtype=np.float32) * step, np.float32(1.0 - 1e-6))
-    buckets = np.searchsorted(boundaries, coords, side="right")
-    positions = (buckets[:, None] * side + buckets[None, :]).reshape(1, -1)
+    positions = np.arange(side * side)[None]
     made = {_PATCH_MASK: (np.ones((1, side, side), bool), [side, side]), _PATCH_POSITIONS: (positions, [side * side])}
     for name, (value, tail) in made.items():
         if name not in names:
