@@ -19,6 +19,8 @@ import json
 import httpx
 import numpy as np
 import openai
+import openvino as ov
+import openvino.opset13 as ops
 import pytest
 import torch
 from PIL import Image
@@ -32,6 +34,7 @@ from vinoserve.model.errors import ModelLoadError
 from vinoserve.model.image_attention import TOKEN_TYPES
 from vinoserve.model.loader import load_model
 from vinoserve.model.vision.layout import image_token
+from vinoserve.model.vlm_export import splice_embeddings
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.scheduler.scheduler import SchedulerConfig
 from vinoserve.server.images import MARKER, ImageRef, image_prompt
@@ -120,15 +123,44 @@ def test_one_and_two_images_equal_transformers(family, vlm):
         np.testing.assert_allclose([lp for lp, _ in out.logprobs], logprobs, rtol=0, atol=LOGPROB_ATOL)
 
 
-@pytest.mark.parametrize(("model_type", "name"), [("qwen2_vl", "Qwen2-VL"), ("qwen2_5_vl", "Qwen2.5-VL")])
-def test_qwen_vl_exports_are_refused_in_one_line(model_type, name, tmp_path):
-    # the files optimum-intel writes for them; the refusal comes before any is read
+@pytest.mark.parametrize(("model_type", "words"), [
+    ("qwen2_vl", "Qwen2-VL exports .* serve its GGUF with its mmproj"),
+    ("qwen2_5_vl", "Qwen2.5-VL exports .* serve its GGUF with its mmproj"),
+    ("llava_next", "exports of llava_next are not served .from IR: llava, gemma3, idefics3, smolvlm.")])
+def test_exports_of_other_families_are_refused_in_one_line(model_type, words, tmp_path):
+    # the files optimum-intel writes for Qwen-VL; the refusal comes before any is read
     for xml in ("language", "text_embeddings", "vision_embeddings", "vision_embeddings_merger"):
         (tmp_path / f"openvino_{xml}_model.xml").write_text("<net/>")
     (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type, "text_config": {}}))
-    with pytest.raises(ModelLoadError, match=f"{name} exports .* GGUF with its mmproj") as e:
+    with pytest.raises(ModelLoadError, match=words) as e:
         load_model(str(tmp_path), F32, log=lambda m: None)
     assert "\n" not in str(e.value)
+
+
+def _graph(param: str, shape: list[int], kind: ov.Type, body) -> ov.Model:
+    p = ops.parameter(shape, kind, name=param)
+    p.output(0).set_names({param})
+    return ov.Model([ops.result(body(p))], [p])
+
+
+def test_the_text_embeddings_take_the_place_of_inputs_embeds():
+    """The spliced graph takes input_ids and computes the language model on the embeddings model's
+    rows (its scale included); widths that differ are two exports' models, refused."""
+    table = ops.constant(np.arange(12, dtype=np.float32).reshape(4, 3))
+
+    def embeddings():
+        return _graph("input", [-1, -1], ov.Type.i64, lambda ids: ops.multiply(
+            ops.gather(table, ops.convert(ids, ov.Type.i32), ops.constant(np.int32(0))), ops.constant(np.float32(2))))
+
+    def language(width: int):
+        return _graph("inputs_embeds", [-1, -1, width], ov.Type.f32, lambda x: ops.add(x, ops.constant(np.float32(1))))
+
+    spliced = splice_embeddings(language(3), embeddings())
+    assert [p.get_output_tensor(0).get_names() for p in spliced.get_parameters()] == [{"input_ids"}]
+    out = ov.Core().compile_model(spliced, "CPU")({"input_ids": np.array([[1, 3]])})[0]
+    np.testing.assert_array_equal(out, np.arange(12, dtype=np.float32).reshape(4, 3)[[[1, 3]]] * 2 + 1)
+    with pytest.raises(ModelLoadError, match="3 wide, the language model takes 5: the two models are of different"):
+        splice_embeddings(language(5), embeddings())
 
 
 def test_served_by_path_alone_a_chat_with_an_image_equals_transformers(vlm, tmp_path):

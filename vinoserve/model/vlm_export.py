@@ -8,7 +8,6 @@ The export's vision side is model/vision/export.py.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,8 @@ import openvino.opset13 as ops
 
 from vinoserve.model.errors import ModelLoadError, last_line
 from vinoserve.model.image_attention import TOKEN_TYPES
+from vinoserve.model.spec import read_json
+from vinoserve.model.vision.export import PROJECTORS
 
 LANGUAGE_XML = "openvino_language_model.xml"
 EMBEDDINGS_XML = "openvino_text_embeddings_model.xml"
@@ -24,7 +25,7 @@ INPUT_IDS = "input_ids"
 _EMBEDS = "inputs_embeds"
 # config.json model_types whose language model takes 3-D (M-RoPE) position_ids: their exports
 # place image rows by grid, which the spliced graph cannot; their GGUF + mmproj form is served
-_REFUSED = {"qwen2_vl": "Qwen2-VL", "qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL"}
+_GGUF_ONLY = {"qwen2_vl": "Qwen2-VL", "qwen2_5_vl": "Qwen2.5-VL"}
 
 
 def weight_files(path: Path) -> tuple[Path, ...]:
@@ -38,11 +39,15 @@ def is_vlm_export(path: Path) -> bool:
 
 
 def check_family(path: Path) -> None:
-    """ModelLoadError for an export vinoserve does not serve from IR (one line, what does work)."""
-    model_type = _model_type(path)
-    if model_type in _REFUSED:
-        raise ModelLoadError(f"{path}: {_REFUSED[model_type]} exports (3-D M-RoPE position_ids) are not served from "
+    """ModelLoadError, before anything is compiled, for an export of a family vinoserve does not
+    serve from IR (one line, saying what does work)."""
+    model_type = str(read_json(path / "config.json", required=True).get("model_type", ""))
+    if model_type in _GGUF_ONLY:
+        raise ModelLoadError(f"{path}: {_GGUF_ONLY[model_type]} exports (3-D M-RoPE position_ids) are not served from "
                              f"OpenVINO IR; serve its GGUF with its mmproj GGUF (--mmproj), which works")
+    if model_type not in PROJECTORS:
+        raise ModelLoadError(f"{path}: image-text-to-text exports of {model_type or 'an unnamed model_type'} are not "
+                             f"served (from IR: {', '.join(PROJECTORS)})")
 
 
 def read_language_model(core: ov.Core, path: Path) -> ov.Model:
@@ -68,12 +73,12 @@ def splice_embeddings(language: ov.Model, embeddings: ov.Model, where: Path | st
     if rows.get_partial_shape()[-1] != embeds.get_partial_shape()[-1]:
         raise ModelLoadError(f"{where}: the text embeddings are {rows.get_partial_shape()[-1]} wide, the language "
                              f"model takes {embeds.get_partial_shape()[-1]}: the two models are of different exports")
-    ids = ids_params[0]
-    ids.set_friendly_name(INPUT_IDS)
-    ids.output(0).set_names({INPUT_IDS})
     if rows.get_element_type() != embeds.get_element_type():
         raise ModelLoadError(f"{where}: the text embeddings are {rows.get_element_type()}, the language model "
                              f"takes {embeds.get_element_type()}")
+    ids = ids_params[0]
+    ids.set_friendly_name(INPUT_IDS)
+    ids.output(0).set_names({INPUT_IDS})
     for target in list(embeds.output(0).get_target_inputs()):
         target.replace_source_output(rows)
     language.remove_parameter(embeds)
@@ -101,10 +106,3 @@ def _parameter(model: ov.Model, name: str, where: Path | str, file: str) -> ov.N
     if found is None:
         raise ModelLoadError(f"{where}: {file} takes no {name} (not an image-text-to-text export's language model)")
     return found
-
-
-def _model_type(path: Path) -> str:
-    try:
-        return str(json.loads((path / "config.json").read_text()).get("model_type", ""))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-        return ""  # read_config says what is wrong with it

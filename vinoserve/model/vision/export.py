@@ -48,7 +48,7 @@ def export_vision_config(path: Path) -> tuple[VisionConfig, bool]:
     processor cuts large images into tiles (idefics3's do_image_splitting)."""
     config = read_json(path / "config.json", required=True)
     model_type = config.get("model_type", "")
-    if model_type not in PROJECTORS:
+    if model_type not in PROJECTORS:  # the language model's loader said so first (vlm_export.check_family)
         raise ModelLoadError(f"{path}: images from a {model_type or 'model_type-less'} export are not served "
                              f"(from IR: {', '.join(PROJECTORS)})")
     vision, processor = config.get("vision_config") or {}, _processor(path)
