@@ -20,7 +20,8 @@ def _model_args(p: argparse.ArgumentParser, several: bool = False) -> None:
                         f"name (default: {DEFAULT_MODEL.name}).{extra}")
     p.add_argument("--mmproj", default=None, metavar="GGUF",
                    help="a vision model's projector GGUF (llama.cpp's mmproj file), so that chat messages may "
-                        "hold images (default: an mmproj*.gguf alone beside a --model .gguf)")
+                        "hold images (default: an mmproj*.gguf alone beside a --model .gguf; an "
+                        "image-text-to-text export directory takes images with its own vision model)")
     p.add_argument("--weight-format", choices=WEIGHT_FORMATS, default="auto",
                    help="how weights converted from GGUF are stored in the graph: auto keeps each quantized "
                         "tensor's own blocks as low-bit constants (floats as f16); int4 requantizes every "

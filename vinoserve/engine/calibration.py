@@ -123,7 +123,7 @@ def _measure(engine: Engine) -> None:
 def _figures_path(engine: Engine) -> Path:
     """Where this model's figures on this machine are kept: its files, its compilation, the
     proposer, the CPU (class, model, cores this process may use) and OpenVINO."""
-    weights = engine.model.path / "openvino_model.bin"
+    weights = engine.model.weight_files[0]
     stat = weights.stat() if weights.exists() else None
     key = json.dumps([VERSION, str(engine.model.path.resolve()), stat and [stat.st_size, stat.st_mtime_ns],
                       repr(engine.model.paged.options), repr(engine.speculator.config), engine.speculator.proposal_cap,

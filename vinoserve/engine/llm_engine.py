@@ -92,7 +92,7 @@ class LLMEngine:
             + (f"; defaults for CPU class {this_cpu().value}" if options.device == "CPU" else ""))
         if self.speculator is not None:
             calibrate(self, log)
-        drop_mapped_pages(self.model.path / "openvino_model.bin")  # the plugin packed its own copy by now
+        drop_mapped_pages(*self.model.weight_files)  # the plugin packed its own copy by now
         release_freed_heap()  # the load's temporaries (see memory.py)
 
     @property

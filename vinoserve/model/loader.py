@@ -6,7 +6,7 @@ from pathlib import Path
 
 import openvino as ov
 
-from vinoserve.model import default_model
+from vinoserve.model import default_model, vlm_export
 from vinoserve.model.architectures.phi3 import pin_longrope
 from vinoserve.model.convert import converted_dir
 from vinoserve.model.errors import ModelLoadError, last_line
@@ -23,13 +23,16 @@ from vinoserve.model.vision.serving import load_projector
 
 
 def resolve_model_dir(model: str | None, weight_format: WeightFormat = "auto", log=print) -> Path:
-    """A directory holding openvino_model.xml, config.json and the tokenizer models."""
+    """A directory holding openvino_model.xml (or an image-text-to-text export's language and text
+    embeddings models: model/vlm_export.py), config.json and the tokenizer models."""
     name = model or default_model.DEFAULT_MODEL.name
     if name in default_model.BUILTIN_MODELS:
         return converted_dir(default_model.fetch(default_model.BUILTIN_MODELS[name], log), weight_format, log)
     path = Path(name).expanduser()
     if path.is_dir():
-        if not (path / "openvino_model.xml").is_file():
+        if vlm_export.is_vlm_export(path):
+            vlm_export.check_family(path)
+        elif not (path / "openvino_model.xml").is_file():
             raise ModelLoadError(f"{path} has no openvino_model.xml (expected an optimum-cli export)")
         return path
     if path.suffix == ".gguf" or path.is_file():
@@ -47,6 +50,13 @@ class LoadedModel:
     paged: PagedModel
     tokenizer: Tokenizer
     vision: VisionModel | None = None  # its vision tower and projector, where it takes images
+
+    @property
+    def weight_files(self) -> tuple[Path, ...]:
+        """The files its language model's weights were read from."""
+        if vlm_export.is_vlm_export(self.path):
+            return vlm_export.weight_files(self.path)
+        return (self.path / "openvino_model.bin",)
 
     @property
     def bidirectional_rows(self) -> int | None:
@@ -89,6 +99,8 @@ def _tokenizer(path: Path, core: ov.Core) -> Tokenizer:
 
 
 def _read_model(core: ov.Core, path: Path) -> ov.Model:
+    if vlm_export.is_vlm_export(path):
+        return vlm_export.read_language_model(core, path)
     try:
         return core.read_model(path / "openvino_model.xml")
     except RuntimeError as e:

@@ -16,16 +16,16 @@ from pathlib import Path
 _MADV_DONTNEED = 4
 
 
-def drop_mapped_pages(path: Path) -> int:
-    """madvise(MADV_DONTNEED) on every read-only mapping of `path`; returns the bytes advised.
+def drop_mapped_pages(*paths: Path) -> int:
+    """madvise(MADV_DONTNEED) on every read-only mapping of `paths`; returns the bytes advised.
     Linux only (elsewhere 0)."""
     if not sys.platform.startswith("linux"):
         return 0
-    target = str(path.resolve())
+    targets = tuple(str(path.resolve()) for path in paths)
     try:
         with open("/proc/self/maps") as f:
             spans = [line.split()[0] for line in f
-                     if line.rstrip().endswith(target) and line.split()[1].startswith("r-")]
+                     if line.rstrip().endswith(targets) and line.split()[1].startswith("r-")]
     except OSError:
         return 0
     libc = ctypes.CDLL(None, use_errno=True)

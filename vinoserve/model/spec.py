@@ -72,7 +72,10 @@ class ModelSpec(GraphFacts):
 def read_config(path: Path) -> ConfigFacts:
     """`path`'s config.json (and generation_config.json's EOS ids), read before the slow compile so
     that what is missing is said at once."""
-    d = _read_json(path / "config.json", required=True)
+    whole = read_json(path / "config.json", required=True)
+    # A vision-language model's config (an image-text-to-text export's) holds its language model's
+    # in text_config: context, RoPE, windows and the text model_type come from there
+    d = whole.get("text_config") if isinstance(whole.get("text_config"), dict) else whole
     if not isinstance(d.get("max_position_embeddings"), int):
         raise ModelLoadError(f"{path}/config.json has no max_position_embeddings (the model's context length)")
     max_context = d["max_position_embeddings"]
@@ -82,17 +85,18 @@ def read_config(path: Path) -> ConfigFacts:
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
         unknown = f"config.json's RoPE cannot be read ({type(e).__name__}: {e})"
     layers = d.get("num_hidden_layers") or len(d.get("layer_types") or [])
-    eos = [*_ids(d.get("eos_token_id")), *_ids(_read_json(path / "generation_config.json").get("eos_token_id"))]
+    eos = [*_ids(d.get("eos_token_id")), *_ids(whole.get("eos_token_id") if whole is not d else None),
+           *_ids(read_json(path / "generation_config.json").get("eos_token_id"))]
     return ConfigFacts(str(d.get("model_type", "")), max_context, rope, unknown,
-                       sliding_windows_from_hf(d, layers, max_context) if layers else (), d.get("bos_token_id"),
-                       tuple(dict.fromkeys(eos)))
+                       sliding_windows_from_hf(d, layers, max_context) if layers else (),
+                       d.get("bos_token_id", whole.get("bos_token_id")), tuple(dict.fromkeys(eos)))
 
 
 def _head_size(d: dict) -> int:
     return int(d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"])
 
 
-def _read_json(path: Path, required: bool = False) -> dict:
+def read_json(path: Path, required: bool = False) -> dict:
     if not path.is_file():
         if required:
             raise ModelLoadError(f"{path.parent} has no {path.name}")

@@ -88,7 +88,7 @@ def log_memory(registry: ModelRegistry, engine, log: logging.Logger) -> None:
     shares = []
     if engine is not None:
         inner = engine.engine
-        weights = (inner.model.path / "openvino_model.bin").stat().st_size
+        weights = sum(f.stat().st_size for f in inner.model.weight_files)
         shares.append((registry.chat, weights + inner.cache.nbytes,
                        f"{weights / 2**30:.2f} GiB weights + {inner.cache.nbytes / 2**30:.2f} GiB KV cache"))
     for name, encoder in registry.encoders.items():

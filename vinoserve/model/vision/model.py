@@ -17,7 +17,7 @@ from vinoserve.model.compile_options import PRECISIONS
 from vinoserve.model.encoders.model import EncoderOptions
 from vinoserve.model.errors import ModelLoadError, last_line
 from vinoserve.model.vision.layout import image_layout
-from vinoserve.model.vision.mmproj import MMProj, VisionConfig, read_mmproj
+from vinoserve.model.vision.mmproj import VisionConfig, read_mmproj
 from vinoserve.model.vision.preprocess import preprocess, to_rgb
 from vinoserve.model.vision.projectors import build_vision_model, projection_width
 from vinoserve.model.vision.qwen_inputs import qwen_patches, size_inputs
@@ -51,11 +51,12 @@ def image_key(rgb: Image.Image) -> bytes:
 class VisionModel:
     """`encode` is thread-safe (one infer request, locked), `prepare` needs no lock."""
 
-    def __init__(self, mm: MMProj, compiled: ov.CompiledModel, split: bool = True) -> None:
-        self.config: VisionConfig = mm.config
-        self.projector: str = mm.config.projector
+    def __init__(self, config: VisionConfig, path: Path, compiled: ov.CompiledModel, split: bool = True) -> None:
+        """`path`: where it was read from (an mmproj GGUF, or an export's directory: vision/export.py)."""
+        self.config: VisionConfig = config
+        self.projector: str = config.projector
         self.split = split
-        self.path = mm.path
+        self.path = path
         self._request = compiled.create_infer_request()
         self._lock = threading.Lock()
 
@@ -118,13 +119,17 @@ class VisionModel:
         return image_layout(self.projector, rows, image.grid)
 
 
+def check_precision(precision: str | None) -> None:
+    if precision not in (None, *PRECISIONS):
+        raise ValueError(f"vision precision {precision!r}; one of {', '.join(PRECISIONS)}")
+
+
 def load_vision(mmproj: Path, text_hidden_size: int, *, precision: str | None = "f32", device: str = "CPU",
                 num_threads: int | None = None, split_images: bool = True) -> VisionModel:
     """`precision`: the compiled model's inference precision (None: the device's default).
     `split_images`: idefics3 cuts large images into tiles as its processor does by default
     (more rows, more detail); False gives one frame per image."""
-    if precision not in (None, *PRECISIONS):
-        raise ValueError(f"vision precision {precision!r}; one of {', '.join(PRECISIONS)}")
+    check_precision(precision)
     mm = read_mmproj(Path(mmproj))
     width = projection_width(mm)
     if width != text_hidden_size:
@@ -135,4 +140,4 @@ def load_vision(mmproj: Path, text_hidden_size: int, *, precision: str | None = 
         compiled = ov.Core().compile_model(build_vision_model(mm), device, options.properties())
     except RuntimeError as e:
         raise ModelLoadError(f"{mmproj}: the vision graph does not build: {last_line(e)}") from e
-    return VisionModel(mm, compiled, split_images)
+    return VisionModel(mm.config, mm.path, compiled, split_images)
