@@ -63,18 +63,21 @@ def qwen(tmp_path_factory):
     assert srv.terminate() == 0
 
 
-def _messages(png: str) -> list[dict]:
-    return [{"role": "user", "content": [{"type": "text", "text": BEFORE},
-                                         {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
-                                         {"type": "text", "text": AFTER}]}]
+def _messages(*pngs: str) -> list[dict]:
+    """BEFORE, then each image followed by AFTER."""
+    content = [{"type": "text", "text": BEFORE}]
+    for png in pngs:
+        content += [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
+                    {"type": "text", "text": AFTER}]
+    return [{"role": "user", "content": content}]
 
 
-def _hf_reply(hf, srv: ServerProcess, png: str) -> tuple[str, list[float], list[int]]:
+def _hf_reply(hf, srv: ServerProcess, *pngs: str) -> tuple[str, list[float], list[int]]:
     """HF's greedy reply, its tokens' logprobs, and the prompt's ids."""
-    ids = httpx.post(f"{srv.url}/tokenize", json={"messages": _messages(png)}).json()["tokens"]
-    image = Image.open(io.BytesIO(base64.b64decode(png)))
+    ids = httpx.post(f"{srv.url}/tokenize", json={"messages": _messages(*pngs)}).json()["tokens"]
+    images = [Image.open(io.BytesIO(base64.b64decode(png))) for png in pngs]
     processed = Qwen2VLImageProcessorPil(size={"shortest_edge": PIXELS[0], "longest_edge": PIXELS[1]},
-                                         image_mean=CLIP_MEAN, image_std=CLIP_STD)(image, return_tensors="pt")
+                                         image_mean=CLIP_MEAN, image_std=CLIP_STD)(images, return_tensors="pt")
     tensor = torch.tensor([ids])
     with torch.no_grad():
         out = hf.generate(input_ids=tensor, pixel_values=processed.pixel_values,
@@ -107,6 +110,20 @@ def test_chat_with_an_image_equals_transformers_and_a_repeat_reuses_its_blocks(q
         again = chat(png)
         assert again.choices[0].message.content == text
         assert again.usage.prompt_tokens_details.cached_tokens >= 32 > start  # a block holding the image
+
+
+def test_two_images_of_other_shapes_in_one_message_equal_transformers(qwen):
+    """The text after the first image and the whole second image sit at positions M-RoPE moved."""
+    hf, srv = qwen
+    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
+    pngs = _png(5, (30, 90)), _png(6, (50, 37))
+    reply = client.chat.completions.create(model="tiny-qwen", messages=_messages(*pngs), max_tokens=MAX_TOKENS,
+                                           temperature=0, logprobs=True, extra_body={"ignore_eos": True})
+    text, logprobs, ids = _hf_reply(hf, srv, *pngs)
+    assert ids.count(IMAGE_TOKEN) == 8 + 6 and ids.count(IMAGE_TOKEN + 1) == 2
+    assert reply.choices[0].message.content == text
+    np.testing.assert_allclose([t.logprob for t in reply.choices[0].logprobs.content], logprobs, rtol=0,
+                               atol=LOGPROB_ATOL)
 
 
 def test_responses_and_anthropic_clients_send_images_too(qwen):

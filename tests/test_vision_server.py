@@ -99,6 +99,30 @@ def test_chat_with_an_image_equals_transformers_and_its_blocks_are_reused(llava)
     assert changed.choices[0].message.content == _hf_reply(hf, srv, other)
 
 
+def test_two_images_in_one_message_equal_transformers(llava):
+    """Compared by logprobs (1e-3, f32 both sides): a random model's bytes need not be UTF-8, and
+    text streamed in pieces and decoded whole may replace them differently."""
+    hf, srv = llava
+    pngs = _png(5), _png(6, (40, 60))
+    content = [{"type": "text", "text": BEFORE}]
+    for png in pngs:
+        content += [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
+                    {"type": "text", "text": AFTER}]
+    messages = [{"role": "user", "content": content}]
+    ids = httpx.post(f"{srv.url}/tokenize", json={"messages": messages}).json()["tokens"]
+    assert ids.count(IMAGE_TOKEN) == 2 * 16
+    processor = CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
+                                      image_mean=CLIP_MEAN, image_std=CLIP_STD)
+    pixels = processor([Image.open(io.BytesIO(base64.b64decode(p))) for p in pngs], return_tensors="pt").pixel_values
+    with torch.no_grad():
+        out = hf.generate(input_ids=torch.tensor([ids]), pixel_values=pixels, max_new_tokens=MAX_TOKENS,
+                          do_sample=False, output_logits=True, return_dict_in_generate=True)
+    tokens = out.sequences[0, len(ids):].tolist()
+    expected = [float(torch.log_softmax(step[0], -1)[t]) for step, t in zip(out.logits, tokens)]
+    reply = _chat(srv, messages, logprobs=True, extra_body={"ignore_eos": True})
+    np.testing.assert_allclose([t.logprob for t in reply.choices[0].logprobs.content], expected, rtol=0, atol=1e-3)
+
+
 def test_responses_and_anthropic_clients_send_images_too(llava):
     _, srv = llava
     png = _png(4)
