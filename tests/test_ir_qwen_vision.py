@@ -5,17 +5,23 @@ by path alone. The export's language model takes M-RoPE's three position streams
 streams the scheduler computes from each image's grid. Its two vision models (patches, then the
 layers and merger with the per-size inputs HF computes in Python) run as one graph. At f32, greedy
 tokens and their logprobs equal transformers' generate with one image and with two of different
-shapes, text after each; 2.5-VL's images span several attention windows."""
+shapes, text after each; 2.5-VL's images span several attention windows. The one-token
+clone of such a graph keeps the three streams."""
 from __future__ import annotations
 
 import io
 
 import numpy as np
+import openvino as ov
 import pytest
 import torch
 from PIL import Image
 
 from ir_vlm_fixtures import QWEN_FAMILIES, exports, f32_llm, image_processor, png, served
+from vinoserve.model import one_token
+from vinoserve.model.compile_options import CompileOptions
+from vinoserve.model.paged import to_paged
+from vinoserve.model.vlm_export import read_language_model
 from vinoserve.scheduler.sampling_params import SamplingParams
 from vinoserve.server.images import MARKER
 
@@ -66,3 +72,13 @@ def test_one_and_two_images_of_different_shapes_equal_transformers(family, qwen)
         tokens, logprobs = _hf_generate(family, hf, prompt.ids, pngs)
         assert out.token_ids == tokens
         np.testing.assert_allclose([lp for lp, _ in out.logprobs], logprobs, rtol=0, atol=LOGPROB_ATOL)
+
+
+def test_the_one_token_clone_takes_three_position_rows(qwen):
+    """The kernel compilation's one-token clone (model/one_token.py) of such a graph: position_ids
+    [3, 1], the token's three streams, where other graphs' is [1]."""
+    _, ir = qwen("qwen2_5_vl")
+    model = read_language_model(ov.Core(), ir)
+    to_paged(model, CompileOptions())
+    shapes = {i.get_any_name(): i.get_partial_shape() for i in one_token.graph(model).inputs}
+    assert shapes["position_ids"] == ov.PartialShape([3, 1]) and shapes["input_ids"] == ov.PartialShape([1])
