@@ -1,22 +1,35 @@
-"""Tiny random vision-language models (LLaVA 1.5, Gemma 3, Idefics3, SmolVLM) saved as HF directories with
-their tokenizer and image processor, and exported to OpenVINO IR as users export theirs:
-optimum-intel's `main_export(..., task="image-text-to-text")`, what `optimum-cli export openvino
+"""Tiny random vision-language models (LLaVA 1.5, Gemma 3, Idefics3, SmolVLM, Qwen2-VL, Qwen2.5-VL)
+saved as HF directories with their tokenizer and image processor, and exported to OpenVINO IR as
+users export theirs: optimum-intel's `main_export(..., task="image-text-to-text")`, what `optimum-cli export openvino
 --task image-text-to-text` runs."""
 from __future__ import annotations
 
+import asyncio
+import base64
+import io
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
+import numpy as np
 import torch
+from PIL import Image
 from transformers import (CLIPImageProcessorPil, CLIPVisionConfig, Gemma3Config, Gemma3ForConditionalGeneration,
                           Gemma3ImageProcessorPil, Gemma3TextConfig, Idefics3Config, Idefics3ForConditionalGeneration,
-                          Idefics3VisionConfig, LlamaConfig, LlavaConfig,
-                          LlavaForConditionalGeneration, SiglipVisionConfig, SmolVLMConfig,
+                          Idefics3VisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration,
+                          Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig,
+                          Qwen2VLForConditionalGeneration, Qwen2VLImageProcessorPil, SiglipVisionConfig, SmolVLMConfig,
                           SmolVLMForConditionalGeneration, SmolVLMVisionConfig)
 
 from ir_fixtures import hf_tokenizer
+from vinoserve.engine.llm import LLM
+from vinoserve.engine.llm_engine import EngineConfig
+from vinoserve.model.compile_options import CompileOptions
+from vinoserve.scheduler.scheduler import SchedulerConfig
+from vinoserve.server.images import ImageRef, image_prompt
+from vinoserve.server.media import MediaPolicy
 from vision_fixtures import CLIP_MEAN, CLIP_STD, HALF
 
 # Each family's special tokens, added after the fixtures' byte-level vocabulary (ids 260...)
@@ -28,6 +41,12 @@ SPECIALS = {
 }
 SPECIALS["smolvlm"] = SPECIALS["idefics3"]
 FAMILIES = tuple(SPECIALS)
+# Qwen-VL: images at their own size, placed by M-RoPE (tests/test_ir_qwen_vision.py)
+QWEN_FAMILIES = ("qwen2_5_vl", "qwen2_vl")
+SPECIALS |= {family: ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+             for family in QWEN_FAMILIES}
+# the language model's M-RoPE sections (t, h, w) fill its head_dim / 2 = 12 rotary pairs, unevenly as the real ones
+_MROPE = {"rope_parameters": {"rope_type": "default", "mrope_section": [2, 5, 5], "rope_theta": 1e6}}
 _TEXT = {"hidden_size": 48, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
          "num_key_value_heads": 1, "max_position_embeddings": 512}
 _TOWER = {"hidden_size": 32, "intermediate_size": 40, "num_attention_heads": 2}
@@ -57,6 +76,8 @@ def _model(family: str, ids: dict[str, int]):
         return Gemma3ForConditionalGeneration(Gemma3Config(
             vision_config=vision, text_config=text, mm_tokens_per_image=16, image_token_index=ids["<image_soft_token>"],
             boi_token_index=ids["<start_of_image>"], eoi_token_index=ids["<end_of_image>"]))
+    if family in QWEN_FAMILIES:
+        return _qwen(family, ids, {"vocab_size": vocab, **_TEXT, **_MROPE})
     vision = {"image_size": 32, "patch_size": 8, "num_hidden_layers": 2, **_TOWER}
     if family == "smolvlm":
         return SmolVLMForConditionalGeneration(SmolVLMConfig(
@@ -67,8 +88,23 @@ def _model(family: str, ids: dict[str, int]):
         scale_factor=2, image_token_id=ids["<image>"]))
 
 
+def _qwen(family: str, ids: dict[str, int], text: dict):
+    """2.5-VL: windows of 56 px (2 x 2 merged rows) on layers 0 and 2, so an image spans several."""
+    tokens = {"image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
+              "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"]}
+    if family == "qwen2_vl":
+        vision = {"depth": 2, "embed_dim": 32, "hidden_size": _TEXT["hidden_size"], "mlp_ratio": 2, "num_heads": 2}
+        return Qwen2VLForConditionalGeneration(Qwen2VLConfig(vision_config=vision, text_config=text, **tokens))
+    vision = {"depth": 4, "hidden_size": 32, "intermediate_size": 40, "num_heads": 2,
+              "out_hidden_size": _TEXT["hidden_size"], "fullatt_block_indexes": [1, 3], "window_size": 56}
+    return Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(vision_config=vision, text_config=text, **tokens))
+
+
 def image_processor(family: str):
-    """The family's HF image processor at the tiny towers' 32 px (LLaVA's and Gemma 3's)."""
+    """The family's HF image processor at the tiny towers' 32 px (LLaVA's and Gemma 3's); Qwen-VL's
+    at 8 to 64 merged rows an image."""
+    if family in QWEN_FAMILIES:
+        return Qwen2VLImageProcessorPil(min_pixels=8 * 28 * 28, max_pixels=64 * 28 * 28)
     if family == "llava":
         return CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
                                      image_mean=CLIP_MEAN, image_std=CLIP_STD)
@@ -109,7 +145,8 @@ def export_vlm(hf_dir: Path, out: Path) -> Path:
     # optimum-intel 2.1 caps these exports below the test venv's transformers as untested; the
     # exports are checked token for token against transformers by the tests that use them.
     for cls in (model_configs.Gemma3OpenVINOConfig, model_configs.Gemma3TextOpenVINOConfig,
-                model_configs.Idefics3OpenVINOConfig, model_configs.SmolVLMOpenVINOConfig):
+                model_configs.Idefics3OpenVINOConfig, model_configs.SmolVLMOpenVINOConfig,
+                model_configs.Qwen2VLOpenVINOConfig, model_configs.Qwen2_5_VLOpenVINOConfig):
         cls.MAX_TRANSFORMERS_VERSION = None
     # optimum collects garbage after each of its models: a third of a tiny export's time, in a
     # process holding the other tests' models; nothing here needs it
@@ -117,6 +154,44 @@ def export_vlm(hf_dir: Path, out: Path) -> Path:
         main_export(str(hf_dir), output=out, task="image-text-to-text", convert_tokenizer=True)
     if not any((out / name).is_file() for name in ("preprocessor_config.json", "processor_config.json")):
         # optimum copies the processor it can build; the tiny Gemma 3's tokenizer lacks what
-        # Gemma3Processor asks of a tokenizer, so its image processor's config is copied as a hub model's is
+        # Gemma3Processor asks of a tokenizer (and the tiny Qwen-VL's gets none either), so its image
+        # processor's config is copied as a hub model's is
         shutil.copy(hf_dir / "preprocessor_config.json", out)
     return out
+
+
+def exports(tmp_path_factory) -> Callable[[str], tuple]:
+    """family -> (HF model, its export's directory), each made once."""
+    made = {}
+
+    def get(family: str):
+        if family not in made:
+            root = tmp_path_factory.mktemp(f"vlm-{family}")
+            hf = save_tiny_vlm(family, root / "hf")
+            made[family] = hf, export_vlm(root / "hf", root / "ir")
+        return made[family]
+
+    return get
+
+
+def f32_llm(ir: Path) -> LLM:
+    """The export served at f32 (the precision exactness is claimed at)."""
+    return LLM(EngineConfig(model=str(ir), compile=CompileOptions(inference_precision="f32", kv_cache_precision="f32"),
+                            num_kv_blocks=32, scheduler=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64)),
+               log=lambda m: None)
+
+
+def png(seed: int, size: tuple[int, int]) -> bytes:
+    """A random RGB image of `size` (width, height), PNG-encoded."""
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "PNG")
+    return out.getvalue()
+
+
+def served(llm: LLM, text: str, pngs: list[bytes]):
+    """The prompt's ids and image spans as the server makes them from rendered text and images."""
+    model = llm.engine.model
+    refs = [ImageRef(f"data:image/png;base64,{base64.b64encode(p).decode()}", f"messages.0.content.{i}")
+            for i, p in enumerate(pngs)]
+    return asyncio.run(image_prompt(text, refs, model.vision, model.tokenizer, MediaPolicy()))

@@ -8,10 +8,10 @@ image and with two in one batch; Gemma 3's image rows attend to each other both 
 the reference: LLaVA's and Gemma 3's HF image processors; Idefics3's processor needs torchvision
 in this venv's transformers, so vinoserve's own pixels for it and SmolVLM (equal to the
 processor's: tests/test_vision_towers.py). `vinoserve serve --model EXPORT_DIR` answers a chat with
-an image as transformers does. Qwen-VL exports are refused in one line."""
+an image as transformers does. Exports of families not served are refused in one line (Qwen-VL's
+are served: tests/test_ir_qwen_vision.py)."""
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 import json
@@ -25,10 +25,8 @@ import pytest
 import torch
 from PIL import Image
 
-from ir_vlm_fixtures import FAMILIES, export_vlm, image_processor, save_tiny_vlm
+from ir_vlm_fixtures import FAMILIES, exports, f32_llm, image_processor, png, served
 from server_process import ServerProcess
-from vinoserve.engine.llm import LLM
-from vinoserve.engine.llm_engine import EngineConfig
 from vinoserve.model.compile_options import CompileOptions
 from vinoserve.model.errors import ModelLoadError
 from vinoserve.model.image_attention import TOKEN_TYPES
@@ -36,9 +34,7 @@ from vinoserve.model.loader import load_model
 from vinoserve.model.vision.layout import image_token
 from vinoserve.model.vlm_export import splice_embeddings
 from vinoserve.scheduler.sampling_params import SamplingParams
-from vinoserve.scheduler.scheduler import SchedulerConfig
-from vinoserve.server.images import MARKER, ImageRef, image_prompt
-from vinoserve.server.media import MediaPolicy
+from vinoserve.server.images import MARKER
 
 pytestmark = pytest.mark.ir
 F32 = CompileOptions(inference_precision="f32", kv_cache_precision="f32")
@@ -51,40 +47,11 @@ ROWS = {"llava": 16, "gemma3": 16, "idefics3": 20, "smolvlm": 20}  # a 50 x 37 i
 @pytest.fixture(scope="module")
 def vlm(ir_export, tmp_path_factory):
     """family -> (HF model, its export's directory); ir_export skips where optimum-intel is missing."""
-    made = {}
-
-    def get(family: str):
-        if family not in made:
-            root = tmp_path_factory.mktemp(f"vlm-{family}")
-            hf = save_tiny_vlm(family, root / "hf")
-            made[family] = hf, export_vlm(root / "hf", root / "ir")
-        return made[family]
-
-    return get
-
-
-def _llm(ir) -> LLM:
-    return LLM(EngineConfig(model=str(ir), compile=F32, num_kv_blocks=32,
-                            scheduler=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64)), log=lambda m: None)
-
-
-def _png(seed: int, size: tuple[int, int]) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, "PNG")
-    return out.getvalue()
-
-
-def _served(llm: LLM, text: str, pngs: list[bytes]):
-    """The prompt's ids and image spans as the server makes them from rendered text and images."""
-    model = llm.engine.model
-    refs = [ImageRef(f"data:image/png;base64,{base64.b64encode(png).decode()}", f"messages.0.content.{i}")
-            for i, png in enumerate(pngs)]
-    return asyncio.run(image_prompt(text, refs, model.vision, model.tokenizer, MediaPolicy()))
+    return exports(tmp_path_factory)
 
 
 def _hf_pixels(family: str, vision, pngs: list[bytes]) -> dict:
-    images = [Image.open(io.BytesIO(png)) for png in pngs]
+    images = [Image.open(io.BytesIO(p)) for p in pngs]
     if family in ("idefics3", "smolvlm"):
         frames = [vision.prepare(image).pixels for image in images]
         return {"pixel_values": torch.from_numpy(np.concatenate(frames))[None]}
@@ -106,13 +73,13 @@ def _hf_generate(family: str, hf, ids: list[int], pixels: dict) -> tuple[list[in
 @pytest.mark.parametrize("family", FAMILIES)
 def test_one_and_two_images_equal_transformers(family, vlm):
     hf, ir = vlm(family)
-    llm = _llm(ir)
+    llm = f32_llm(ir)
     vision = llm.engine.model.vision
     assert vision is not None and vision.projector == {"llava": "mlp", "smolvlm": "idefics3"}.get(family, family)
     assert (TOKEN_TYPES in llm.engine.model.paged.input_names) == (family == "gemma3")
-    first, second = _png(1, (50, 37)), _png(2, (50, 37))
+    first, second = png(1, (50, 37)), png(2, (50, 37))
     cases = [(f"the t {MARKER} he th", [first]), (f"he {MARKER} t{MARKER} the", [second, first])]
-    prompts = [_served(llm, text, pngs) for text, pngs in cases]
+    prompts = [served(llm, text, pngs) for text, pngs in cases]
     image_id = llm.engine.model.tokenizer.encode(image_token(vision.projector), add_special_tokens=False)
     for prompt, (_, pngs) in zip(prompts, cases):
         assert prompt.ids.count(image_id[0]) == ROWS[family] * len(pngs) == sum(len(s.embeddings) for s in prompt.images)
@@ -123,12 +90,10 @@ def test_one_and_two_images_equal_transformers(family, vlm):
         np.testing.assert_allclose([lp for lp, _ in out.logprobs], logprobs, rtol=0, atol=LOGPROB_ATOL)
 
 
-@pytest.mark.parametrize(("model_type", "words"), [
-    ("qwen2_vl", "Qwen2-VL exports .* serve its GGUF with its mmproj"),
-    ("qwen2_5_vl", "Qwen2.5-VL exports .* serve its GGUF with its mmproj"),
-    ("llava_next", "exports of llava_next are not served .from IR: llava, gemma3, idefics3, smolvlm.")])
-def test_exports_of_other_families_are_refused_in_one_line(model_type, words, tmp_path):
-    # the files optimum-intel writes for Qwen-VL; the refusal comes before any is read
+@pytest.mark.parametrize("model_type", ["llava_next", "qwen3_vl"])
+def test_exports_of_other_families_are_refused_in_one_line(model_type, tmp_path):
+    # the files optimum-intel writes for Qwen-VL (3 too); the refusal comes before any is read
+    words = f"exports of {model_type} are not served .from IR: llava, gemma3, idefics3, smolvlm, qwen2_vl, qwen2_5_vl."
     for xml in ("language", "text_embeddings", "vision_embeddings", "vision_embeddings_merger"):
         (tmp_path / f"openvino_{xml}_model.xml").write_text("<net/>")
     (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type, "text_config": {}}))
@@ -167,8 +132,8 @@ def test_served_by_path_alone_a_chat_with_an_image_equals_transformers(vlm, tmp_
     """`vinoserve serve --model EXPORT_DIR`: the openai SDK's reply and its logprobs equal
     transformers' greedy generation from the same image; the prompt as /tokenize counts it."""
     hf, ir = vlm("llava")
-    png = _png(3, (37, 50))
-    url = f"data:image/png;base64,{base64.b64encode(png).decode()}"
+    image = png(3, (37, 50))
+    url = f"data:image/png;base64,{base64.b64encode(image).decode()}"
     messages = [{"role": "user", "content": [{"type": "text", "text": "the t "},
                                              {"type": "image_url", "image_url": {"url": url}},
                                              {"type": "text", "text": " he th"}]}]
@@ -179,7 +144,7 @@ def test_served_by_path_alone_a_chat_with_an_image_equals_transformers(vlm, tmp_
         reply = client.chat.completions.create(model=ir.name, messages=messages, max_tokens=MAX_TOKENS, temperature=0,
                                                logprobs=True, extra_body={"ignore_eos": True})
         ids = httpx.post(f"{srv.url}/tokenize", json={"messages": messages}).json()["tokens"]
-        tokens, logprobs = _hf_generate("llava", hf, ids, _hf_pixels("llava", None, [png]))
+        tokens, logprobs = _hf_generate("llava", hf, ids, _hf_pixels("llava", None, [image]))
         text = httpx.post(f"{srv.url}/detokenize", json={"tokens": tokens}).json()["prompt"]
     finally:
         assert srv.terminate() == 0

@@ -128,6 +128,7 @@ class ModelRunner:
         self._has_planes = lowbit.PLANES in model.input_names
         self._image_width = model.image_width
         self._has_rope_offsets = ROPE_OFFSETS in model.input_names
+        self._position_streams = model.position_streams
         # a step without image rows gives the image inputs these, made once (inputs are copied in)
         self._no_images = (None if self._image_width is None else
                            (np.zeros(0, np.int64), np.zeros((0, self._image_width), np.float32)))
@@ -172,6 +173,8 @@ class ModelRunner:
         self._block_inputs(chunks, inputs)
         if self._has_rope_offsets:
             inputs[ROPE_OFFSETS] = self._rope_offsets(chunks, begins, positions)
+        elif self._position_streams:
+            inputs["position_ids"] = self._rope_streams(chunks, begins, positions)
         if self._has_scores:
             inputs["score_aggregation_window"] = np.array([c.score_window for c in chunks], dtype=np.int32)
         if self._has_rotation:
@@ -204,6 +207,16 @@ class ModelRunner:
                 positions[rows] = c.rope_positions[0]
                 offsets[rows] = (c.rope_positions[1:] - c.rope_positions[0]).T
         return offsets
+
+    @staticmethod
+    def _rope_streams(chunks: Sequence[ScheduledChunk], begins: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """M-RoPE's [3, tokens] temporal, height and width positions: the chunk's own where it
+        holds image rows, else `positions` in all three (text, where the streams agree)."""
+        streams = np.repeat(positions[None], 3, axis=0)
+        for i, c in enumerate(chunks):
+            if c.rope_positions is not None:
+                streams[:, begins[i]:begins[i + 1]] = c.rope_positions
+        return streams
 
     @staticmethod
     def planes(chunks: Sequence[ScheduledChunk]) -> int:

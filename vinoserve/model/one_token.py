@@ -44,6 +44,9 @@ def graph(model: ov.Model) -> ov.Model:
         clone.remove_parameter(planes)
     names = {name for i in clone.inputs for name in i.get_names()}
     shapes = {name: ov.PartialShape([TOKENS]) for name in _PER_TOKEN if name in names}
+    streams = next((i.get_partial_shape() for i in clone.inputs if "position_ids" in i.get_names()), None)
+    if streams is not None and streams.rank.get_length() == 2:  # M-RoPE's three streams (an optimum Qwen-VL export)
+        shapes["position_ids"] = ov.PartialShape([streams[0], TOKENS])
     if IMAGE_EMBEDS in names:  # a decode step carries no image rows (they come with prompts): none, statically
         width = next(i for i in clone.inputs if IMAGE_EMBEDS in i.get_names()).get_partial_shape()[1]
         shapes |= {IMAGE_ROWS: ov.PartialShape([0]), IMAGE_EMBEDS: ov.PartialShape([ov.Dimension(0), width])}

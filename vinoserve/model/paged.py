@@ -114,8 +114,18 @@ class PagedModel:
 
     @property
     def image_grids(self) -> bool:
-        """It places image rows by M-RoPE (an image's grid gives their positions: scheduler/media.py)."""
-        return ROPE_OFFSETS in self.input_names
+        """It places image rows by M-RoPE (an image's grid gives their positions: scheduler/media.py):
+        vinoserve's graphs take rope_offsets, an optimum export's its three streams as position_ids."""
+        return ROPE_OFFSETS in self.input_names or self.position_streams
+
+    @property
+    def position_streams(self) -> bool:
+        """position_ids is [3, tokens]: M-RoPE's temporal, height and width streams. A Qwen-VL
+        optimum export takes them as [3, batch, tokens], which the PagedAttention transformation
+        makes [3, tokens]; the runner feeds them as they are rather than the graph being rewritten
+        to vinoserve's rope_offsets form, so the export's own M-RoPE subgraph computes the angles."""
+        ids = next((i for i in self.compiled.inputs if "position_ids" in i.get_names()), None)
+        return ids is not None and ids.get_partial_shape().rank.get_length() == 2
 
     @property
     def bidirectional_images(self) -> bool:

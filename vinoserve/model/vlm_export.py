@@ -23,9 +23,6 @@ LANGUAGE_XML = "openvino_language_model.xml"
 EMBEDDINGS_XML = "openvino_text_embeddings_model.xml"
 INPUT_IDS = "input_ids"
 _EMBEDS = "inputs_embeds"
-# config.json model_types whose language model takes 3-D (M-RoPE) position_ids: their exports
-# place image rows by grid, which the spliced graph cannot; their GGUF + mmproj form is served
-_GGUF_ONLY = {"qwen2_vl": "Qwen2-VL", "qwen2_5_vl": "Qwen2.5-VL"}
 
 
 def weight_files(path: Path) -> tuple[Path, ...]:
@@ -42,9 +39,6 @@ def check_family(path: Path) -> None:
     """ModelLoadError, before anything is compiled, for an export of a family vinoserve does not
     serve from IR (one line, saying what does work)."""
     model_type = str(read_json(path / "config.json", required=True).get("model_type", ""))
-    if model_type in _GGUF_ONLY:
-        raise ModelLoadError(f"{path}: {_GGUF_ONLY[model_type]} exports (3-D M-RoPE position_ids) are not served from "
-                             f"OpenVINO IR; serve its GGUF with its mmproj GGUF (--mmproj), which works")
     if model_type not in PROJECTORS:
         raise ModelLoadError(f"{path}: image-text-to-text exports of {model_type or 'an unnamed model_type'} are not "
                              f"served (from IR: {', '.join(PROJECTORS)})")

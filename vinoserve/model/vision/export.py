@@ -7,6 +7,7 @@ What each family's export holds (optimum-intel 2.1): LLaVA's tower to its featur
 row dropped and the projector; Gemma 3's tower, pooling and projector; Idefics3/SmolVLM's tower and
 connector, with two more inputs (which patches are real and their positions) that a whole frame
 fixes: they are computed inside the graph from pixel_values' shape, so the model takes pixels only.
+Qwen2-VL / Qwen2.5-VL's two vision models: vision/qwen_export.py.
 """
 from __future__ import annotations
 
@@ -21,10 +22,10 @@ from vinoserve.model.errors import ModelLoadError, last_line
 from vinoserve.model.spec import read_json
 from vinoserve.model.vision.mmproj import VisionConfig
 from vinoserve.model.vision.model import VisionModel, check_precision
+from vinoserve.model.vision.qwen_export import QWEN_EXPORTS, VISION_XML, load_qwen_export
 
-VISION_XML = "openvino_vision_embeddings_model.xml"
 # config.json model_type -> the mmproj projector type whose preprocessing and layout it shares
-PROJECTORS = {"llava": "mlp", "gemma3": "gemma3", "idefics3": "idefics3", "smolvlm": "idefics3"}
+PROJECTORS = {"llava": "mlp", "gemma3": "gemma3", "idefics3": "idefics3", "smolvlm": "idefics3", **QWEN_EXPORTS}
 # HF's vision hidden_act -> the tower activation names VisionConfig uses
 _ACTIVATIONS = {"quick_gelu": "quick_gelu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "silu": "silu"}
 _PATCH_MASK, _PATCH_POSITIONS = "patch_attention_mask", "patch_position_ids"
@@ -38,6 +39,9 @@ def load_export_vision(path: Path, text_hidden_size: int, *, precision: str | No
                        num_threads: int | None = None, split_images: bool | None = None) -> VisionModel:
     """As load_vision for an mmproj GGUF. `split_images`: None, as the export's processor says."""
     check_precision(precision)
+    model_type = read_json(path / "config.json", required=True).get("model_type", "")
+    if model_type in QWEN_EXPORTS:  # two vision models and per-size inputs: its own module
+        return load_qwen_export(path, model_type, text_hidden_size, precision, device, num_threads)
     cfg, split = export_vision_config(path)
     compiled = compile_vision(path, cfg, text_hidden_size, precision, device, num_threads)
     return VisionModel(cfg, path, compiled, split if split_images is None else split_images)

@@ -71,13 +71,18 @@ def rotary(grid: tuple[int, int], merge: int, head_dim: int) -> tuple[np.ndarray
     """cos, sin [patches, head_dim] f32 of HF's Qwen2_5_VLVisionRotaryEmbedding: head_dim / 4
     frequencies of the patch's row, then of its column, the pair repeated over the whole head
     (the rotation is rotate-half over all of it)."""
+    angles = rotary_angles(grid, merge, head_dim)
+    angles = np.concatenate([angles, angles], axis=-1)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def rotary_angles(grid: tuple[int, int], merge: int, head_dim: int) -> np.ndarray:
+    """f32 [patches, head_dim / 2]: each patch's row angles, then its column angles (HF's rot_pos_emb)."""
     spatial = head_dim // 2  # per axis
     inv_freq = np.float32(1.0) / (np.float32(_ROPE_THETA) ** (np.arange(0, spatial, 2, dtype=np.float32) / spatial))
     rows, cols = patch_positions(grid, merge)
-    angles = np.concatenate([rows[:, None].astype(np.float32) * inv_freq,
-                             cols[:, None].astype(np.float32) * inv_freq], axis=-1)
-    angles = np.concatenate([angles, angles], axis=-1)
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    return np.concatenate([rows[:, None].astype(np.float32) * inv_freq,
+                           cols[:, None].astype(np.float32) * inv_freq], axis=-1)
 
 
 @dataclass(frozen=True)
