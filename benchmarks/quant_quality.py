@@ -35,6 +35,7 @@ import numpy as np
 
 from vinoserve.bench import kquants
 from vinoserve.bench.perplexity import perplexity, text_windows
+from vinoserve.bench.random_models import finish
 from vinoserve.model import default_model
 from vinoserve.model.compile_options import CompileOptions
 from vinoserve.model.storage import cache_root
@@ -93,12 +94,7 @@ def write_variant(src: gguf.GGUFReader, out: Path, variant: str) -> Path:
         blocks = (kquants.quantize(x, qtype) if qtype in kquants.ENCODERS
                   else gguf.quants.quantize(x, qtype))
         w.add_tensor(t.name, blocks, raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    Path(str(out) + ".part").rename(out)
-    return out
+    return finish(w, Path(str(out) + ".part"), out)
 
 
 EXPERTS, USED = 8, 2
@@ -130,12 +126,7 @@ def write_moe_variant(src: gguf.GGUFReader, out: Path, variant: str) -> Path:
         if kind == "ffn_up":  # one router a layer, f32 as llama-quantize leaves it
             w.add_tensor(f"blk.{layer}.ffn_gate_inp.weight",
                          rng.standard_normal((EXPERTS, x.shape[1]), dtype=np.float32) * 0.05)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    Path(str(out) + ".part").rename(out)
-    return out
+    return finish(w, Path(str(out) + ".part"), out)
 
 
 def main() -> None:

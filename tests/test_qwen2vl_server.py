@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import io
 
-import anthropic
 import httpx
 import numpy as np
 import openai
@@ -24,6 +23,7 @@ from transformers import (
     Qwen2_5_VLForConditionalGeneration,
     Qwen2VLImageProcessorPil,
 )
+from vision_clients import other_clients
 from vision_fixtures import CLIP_MEAN, CLIP_STD, with_text_model, write_mmproj
 
 VOCAB = Vocab(TOKENS + ["<|image_pad|>", "<|vision_start|>", "<|vision_end|>"], [1] * (len(TOKENS) - 2) + [3] * 5,
@@ -132,16 +132,5 @@ def test_responses_and_anthropic_clients_send_images_too(qwen):
     client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
     chat = client.chat.completions.create(model="tiny-qwen", messages=_messages(png), max_tokens=MAX_TOKENS,
                                           temperature=0).choices[0].message.content
-    response = client.responses.create(model="tiny-qwen", max_output_tokens=MAX_TOKENS, temperature=0, input=[{
-        "role": "user", "content": [{"type": "input_text", "text": BEFORE},
-                                    {"type": "input_image", "image_url": f"data:image/png;base64,{png}",
-                                     "detail": "auto"},
-                                    {"type": "input_text", "text": AFTER}]}])
-    assert response.output_text == chat
-    claude = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0)
-    message = claude.messages.create(model="tiny-qwen", max_tokens=MAX_TOKENS, extra_body={"temperature": 0}, messages=[{
-        "role": "user", "content": [{"type": "text", "text": BEFORE},
-                                    {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                                                 "data": png}},
-                                    {"type": "text", "text": AFTER}]}])
-    assert message.content[0].text == chat
+    response, message = other_clients(srv.url, "tiny-qwen", png, BEFORE, AFTER, MAX_TOKENS)
+    assert response.output_text == message.content[0].text == chat

@@ -10,11 +10,19 @@ import pytest
 import torch
 from PIL import Image
 from transformers import Qwen2VLImageProcessorPil
-from vision_fixtures import (CLIP_MEAN, CLIP_STD, TEXT_HIDDEN, as_stored, odd_images, tiny_qwen2vl, tiny_qwen25vl,
-                             write_mmproj)
+from vision_fixtures import (
+    CLIP_MEAN,
+    CLIP_STD,
+    TEXT_HIDDEN,
+    as_stored,
+    odd_images,
+    tiny_qwen2vl,
+    tiny_qwen25vl,
+    write_mmproj,
+)
 
 from vinoserve.model.errors import ModelLoadError
-from vinoserve.model.vision import image_token, load_vision
+from vinoserve.model.vision import image_token, load_vision, qwen_tower
 from vinoserve.model.vision.qwen_inputs import windows
 
 UNIT = 28 * 28  # pixels per merged row: 14 px patches, 2 x 2 merged
@@ -75,6 +83,22 @@ def test_rows_equal_transformers_get_image_features(qwen):
     for rows, image in zip(vision.encode([vision.prepare(im) for im in images]), images):
         ref = _hf_rows(hf, image)
         assert _close(rows, ref), f"{projector} {image.size}: {np.abs(rows - ref).max()} vs {np.abs(ref).max()}"
+
+
+def test_a_tower_in_stages_of_one_layer_gives_the_same_rows_and_pauses_between_them(qwen, tmp_path, monkeypatch):
+    """Each layer its own compiled stage (a server rests between stages): HF's rows still, and
+    the pause called once between each two stages of every batch."""
+    projector, hf, _ = qwen
+    monkeypatch.setattr(qwen_tower, "STAGE_LAYERS", 1)
+    vision = load_vision(write_mmproj(hf, tmp_path / "mmproj.gguf", pixels=PIXELS), TEXT_HIDDEN)
+    layers = hf.config.vision_config.depth
+    assert len(vision._stages) == layers > 1
+    pauses = []
+    images = _images()[:2]
+    for rows, image in zip(vision.encode([vision.prepare(im) for im in images], pause=lambda: pauses.append(1)),
+                           images):
+        assert _close(rows, _hf_rows(hf, image)), f"{projector} {image.size}"
+    assert len(pauses) == len(images) * (layers - 1)  # two sizes: one batch each
 
 
 def test_several_images_in_one_call_each_equal_alone(qwen):

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from vinoserve.bench import random_vlm
-from vinoserve.model.vision import load_vision
+from vinoserve.model.vision import load_vision, qwen_tower
 from vinoserve.server.vision_pacing import Pacing, encode_paced
 
 
@@ -29,7 +29,7 @@ class Counting:
         self.vision, self.config, self.seconds = vision, vision.config, seconds_per_frame
         self.batches: list[int] = []
 
-    def encode(self, images):
+    def encode(self, images, pause=None):
         frames = sum(im.num_tokens for im in images) // self.config.num_tokens
         self.batches.append(frames)
         time.sleep(self.seconds * frames)
@@ -78,8 +78,10 @@ def test_encoder_share_outside_zero_to_one_is_refused_at_the_command_line():
             build_parser().parse_args(["serve", "--encoder-share", bad])
 
 
-def test_qwen_images_are_paced_one_whole_image_at_a_time(tmp_path):
-    """A Qwen-VL image is one sequence of its own size: paced whole, in turn, rows as alone."""
+def test_qwen_images_are_paced_one_stage_of_one_image_at_a_time(tmp_path, monkeypatch):
+    """A Qwen-VL image is one sequence of its own size: encoded alone, in turn, with a rest after
+    each stage of its tower (here a stage a layer: 2); rows as unpaced."""
+    monkeypatch.setattr(qwen_tower, "STAGE_LAYERS", 1)
     vlm = random_vlm.tiny("qwen2.5-vl-3b")
     vision = load_vision(random_vlm.write_mmproj(vlm.tower, vlm.text.hidden, tmp_path / "mmproj.gguf"),
                          vlm.text.hidden)
@@ -87,16 +89,16 @@ def test_qwen_images_are_paced_one_whole_image_at_a_time(tmp_path):
     images = [vision.prepare(Image.fromarray(rng.integers(0, 256, size, dtype=np.uint8)))
               for size in ((48, 64, 3), (90, 40, 3))]
     assert images[0].rope_grid != images[1].rope_grid
-    seen = []
+    seen, rests = [], []
 
     class Recording:
         config = vision.config
 
-        def encode(self, batch):
+        def encode(self, batch, pause=None):
             seen.append([im.rope_grid for im in batch])
-            return vision.encode(batch)
+            return vision.encode(batch, pause=lambda: (rests.append(len(seen)), pause()))
 
     rows = encode_paced(Recording(), images, Pacing(lambda: True, share=0.5))
-    assert seen == [[images[0].rope_grid], [images[1].rope_grid]]
+    assert seen == [[images[0].rope_grid], [images[1].rope_grid]] and rests == [1, 2]
     for a, b in zip(rows, vision.encode(images)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

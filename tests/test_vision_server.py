@@ -19,7 +19,13 @@ import torch
 from gguf_fixtures import EOS_ID, TOKENS, Vocab, tiny_hf_model, write_gguf
 from PIL import Image
 from server_process import ServerProcess
-from transformers import CLIPImageProcessorPil, CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration
+from transformers import (
+    CLIPImageProcessorPil,
+    CLIPVisionConfig,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+)
+from vision_clients import other_clients
 from vision_fixtures import CLIP_MEAN, CLIP_STD, with_text_model, write_mmproj
 
 VOCAB = Vocab(TOKENS + ["<image>"], [1] * (len(TOKENS) - 2) + [3, 3, 3], EOS_ID)
@@ -127,20 +133,8 @@ def test_responses_and_anthropic_clients_send_images_too(llava):
     _, srv = llava
     png = _png(4)
     chat = _chat(srv, _messages(png)).choices[0].message.content
-    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
-    response = client.responses.create(model="tiny-llava", max_output_tokens=MAX_TOKENS, temperature=0, input=[{
-        "role": "user", "content": [{"type": "input_text", "text": BEFORE},
-                                    {"type": "input_image", "image_url": f"data:image/png;base64,{png}",
-                                     "detail": "auto"},
-                                    {"type": "input_text", "text": AFTER}]}])
-    assert response.output_text == chat
-    claude = anthropic.Anthropic(base_url=srv.url, api_key="unused", max_retries=0)
-    message = claude.messages.create(model="tiny-llava", max_tokens=MAX_TOKENS, extra_body={"temperature": 0}, messages=[{
-        "role": "user", "content": [{"type": "text", "text": BEFORE},
-                                    {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                                                 "data": png}},
-                                    {"type": "text", "text": AFTER}]}])
-    assert message.content[0].text == chat
+    response, message = other_clients(srv.url, "tiny-llava", png, BEFORE, AFTER, MAX_TOKENS)
+    assert response.output_text == message.content[0].text == chat
     # Anthropic counts cache reads apart: the same prompt, its image's rows included, and its cached blocks.
     assert message.usage.input_tokens + message.usage.cache_read_input_tokens == response.usage.input_tokens > 16
     assert message.usage.cache_read_input_tokens == response.usage.input_tokens_details.cached_tokens == 32
@@ -223,7 +217,11 @@ IDEFICS3_VOCAB = Vocab(VOCAB.tokens + IDEFICS3_TOKENS, VOCAB.types + [3] * len(I
 @pytest.fixture(scope="module")
 def smolvlm(tmp_path_factory):
     """A tiny Idefics3 (SmolVLM's family): SigLIP, pixel shuffle, images over 32 px cut into tiles."""
-    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3VisionConfig
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3VisionConfig,
+    )
 
     text = tiny_hf_model("llama", vocab=IDEFICS3_VOCAB)
     vision = Idefics3VisionConfig(image_size=32, patch_size=8, num_hidden_layers=2, hidden_size=32,

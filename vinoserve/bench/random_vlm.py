@@ -176,9 +176,7 @@ def _tensors(t: Tower, text_hidden: int, rng: np.random.Generator):
     fc1, fc2 = ("ffn_down", "ffn_up") if llava else ("ffn_up", "ffn_down")
     for i in range(t.layers):
         p = f"v.blk.{i}."
-        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            yield p + name + ".weight", mat(t.hidden, t.hidden)
-            yield p + name + ".bias", np.zeros(t.hidden, np.float32)
+        yield from _attention(p, t.hidden, mat)
         for name in ("ln1", "ln2"):
             yield p + name + ".weight", np.ones(t.hidden, np.float32)
             yield p + name + ".bias", np.zeros(t.hidden, np.float32)
@@ -198,6 +196,13 @@ def _tensors(t: Tower, text_hidden: int, rng: np.random.Generator):
 
 
 
+def _attention(p: str, hidden: int, mat):
+    """A tower layer's attention: Q, K, V and output matrices with (zero) biases."""
+    for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+        yield p + name + ".weight", mat(hidden, hidden)
+        yield p + name + ".bias", np.zeros(hidden, np.float32)
+
+
 def _qwen_tensors(t: Tower, text_hidden: int, rng: np.random.Generator):
     """Qwen2.5-VL's tower as Qwen2VLVisionModel writes it: the Conv3d split in two kernels, qkv split,
     RMSNorms, a gated SiLU MLP with biases, the merger's norm and two linears over 4 patches."""
@@ -208,9 +213,7 @@ def _qwen_tensors(t: Tower, text_hidden: int, rng: np.random.Generator):
     yield "v.patch_embd.weight.1", mat(t.hidden, 3, t.patch_size, t.patch_size)
     for i in range(t.layers):
         p = f"v.blk.{i}."
-        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            yield p + name + ".weight", mat(t.hidden, t.hidden)
-            yield p + name + ".bias", np.zeros(t.hidden, np.float32)
+        yield from _attention(p, t.hidden, mat)
         for name in ("ln1", "ln2"):
             yield p + name + ".weight", np.ones(t.hidden, np.float32)
         for name, rows, cols in (("ffn_gate", t.ffn, t.hidden), ("ffn_up", t.ffn, t.hidden),

@@ -22,7 +22,11 @@ from vinoserve.model.errors import ModelLoadError, last_line
 from vinoserve.model.spec import read_json
 from vinoserve.model.vision.mmproj import VisionConfig
 from vinoserve.model.vision.model import VisionModel, check_precision
-from vinoserve.model.vision.qwen_export import QWEN_EXPORTS, VISION_XML, load_qwen_export
+from vinoserve.model.vision.qwen_export import (
+    QWEN_EXPORTS,
+    VISION_XML,
+    load_qwen_export,
+)
 
 # config.json model_type -> the mmproj projector type whose preprocessing and layout it shares
 PROJECTORS = {"llava": "mlp", "gemma3": "gemma3", "idefics3": "idefics3", "smolvlm": "idefics3", **QWEN_EXPORTS}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,15 +49,19 @@ def image_key(rgb: Image.Image) -> bytes:
 
 
 class VisionModel:
-    """`encode` is thread-safe (one infer request, locked), `prepare` needs no lock."""
+    """`encode` is thread-safe (one infer request a stage, locked), `prepare` needs no lock."""
 
-    def __init__(self, config: VisionConfig, path: Path, compiled: ov.CompiledModel, split: bool = True) -> None:
-        """`path`: where it was read from (an mmproj GGUF, or an export's directory: vision/export.py)."""
+    def __init__(self, config: VisionConfig, path: Path, compiled: ov.CompiledModel | Sequence[ov.CompiledModel],
+                 split: bool = True) -> None:
+        """`path`: where it was read from (an mmproj GGUF, or an export's directory: vision/export.py).
+        `compiled`: the model, or its stages run one after another (a Qwen-VL tower's)."""
         self.config: VisionConfig = config
         self.projector: str = config.projector
         self.split = split
         self.path = path
-        self._request = compiled.create_infer_request()
+        stages = [compiled] if isinstance(compiled, ov.CompiledModel) else list(compiled)
+        self._stages = [(c.create_infer_request(), {n for i in c.inputs for n in i.get_names()}) for c in stages]
+        self._request = self._stages[0][0]
         self._lock = threading.Lock()
 
     def prepare(self, image: Image.Image) -> PreparedImage:
@@ -71,13 +75,14 @@ class VisionModel:
         frames = 1 if pixels.ndim == 3 else len(pixels)
         return PreparedImage(pixels, frames * self.config.num_tokens, image_key(rgb), grid)
 
-    def encode(self, images: Sequence[PreparedImage]) -> list[np.ndarray]:
+    def encode(self, images: Sequence[PreparedImage], pause: Callable[[], None] | None = None) -> list[np.ndarray]:
         """Each image's rows, [num_tokens, text width] float32, in order (a tiled image's
-        frames one after another, as the layout places them)."""
+        frames one after another, as the layout places them). `pause`: called between a staged
+        tower's stages (a busy server rests there)."""
         if not images:
             return []
         if self.config.dynamic:
-            return self._encode_dynamic(images)
+            return self._encode_dynamic(images, pause)
         size = self.config.image_size
         frames = np.concatenate([im.pixels.reshape(-1, 3, size, size) for im in images])
         rows = []
@@ -89,7 +94,7 @@ class VisionModel:
         ends = np.cumsum([im.num_tokens for im in images])
         return [flat[end - im.num_tokens:end] for im, end in zip(images, ends)]
 
-    def _encode_dynamic(self, images: Sequence[PreparedImage]) -> list[np.ndarray]:
+    def _encode_dynamic(self, images: Sequence[PreparedImage], pause: Callable[[], None] | None) -> list[np.ndarray]:
         """Qwen-VL: each image its own sequence; images of one size share their rotary angles
         and windows, and batch. 2.5-VL's rows go through the tower window by window (HF's
         order) and come back in the image's."""
@@ -106,12 +111,20 @@ class VisionModel:
                 batch = indices[start:start + step]
                 pixels = np.stack([images[i].pixels for i in batch])
                 pixels = pixels if extra.rows is None else pixels[:, extra.rows]
-                with self._lock:
-                    result = self._request.infer({**extra.arrays, "pixel_values": pixels})
-                    embeddings = np.array(next(iter(result.values())), np.float32)
+                embeddings = self._staged({**extra.arrays, "pixel_values": pixels}, pause)
                 for i, image_rows in zip(batch, embeddings):
                     out[i] = image_rows if extra.restore is None else image_rows[extra.restore]
         return out
+
+    def _staged(self, inputs: dict[str, np.ndarray], pause: Callable[[], None] | None) -> np.ndarray:
+        """The stages in turn, each given the inputs it takes and the states before it."""
+        for n, (request, names) in enumerate(self._stages):
+            if n and pause is not None:
+                pause()
+            with self._lock:
+                result = request.infer({k: v for k, v in inputs.items() if k in names})
+                inputs["states"] = np.array(next(iter(result.values())), np.float32)
+        return inputs.pop("states")
 
     def layout(self, image: PreparedImage) -> list[str | int]:
         """The image in the prompt, in order: text to tokenize and runs of embedding rows."""
@@ -137,7 +150,8 @@ def load_vision(mmproj: Path, text_hidden_size: int, *, precision: str | None = 
                              f"hidden size is {text_hidden_size}: this mmproj belongs to another model")
     options = EncoderOptions(device=device, inference_precision=precision, num_threads=num_threads)
     try:  # a tensor of the wrong shape fails while the graph is built, a device limit while compiling
-        compiled = ov.Core().compile_model(build_vision_model(mm), device, options.properties())
+        core = ov.Core()
+        compiled = [core.compile_model(stage, device, options.properties()) for stage in build_vision_model(mm)]
     except RuntimeError as e:
         raise ModelLoadError(f"{mmproj}: the vision graph does not build: {last_line(e)}") from e
     return VisionModel(mm.config, mm.path, compiled, split_images)

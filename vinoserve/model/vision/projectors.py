@@ -11,7 +11,7 @@ from openvino import opset1
 
 from vinoserve.model.blocks import const, linear, rms_norm
 from vinoserve.model.vision.mmproj import QWEN_PROJECTORS, MMProj
-from vinoserve.model.vision.qwen_tower import build_qwen_model
+from vinoserve.model.vision.qwen_tower import build_qwen_stages
 from vinoserve.model.vision.tower import build_tower, dense, weight
 
 
@@ -63,14 +63,14 @@ def projection_width(mm: MMProj) -> int:
     return int(shape[mm.config.projector]())
 
 
-def build_vision_model(mm: MMProj) -> ov.Model:
-    """Input "pixel_values" [B, 3, S, S] f32 -> output "embeddings" [B, tokens, text width];
-    Qwen-VL's: see build_qwen_model."""
+def build_vision_model(mm: MMProj) -> list[ov.Model]:
+    """Input "pixel_values" [B, 3, S, S] f32 -> output "embeddings" [B, tokens, text width], one
+    model; Qwen-VL's: the stages of build_qwen_stages."""
     if mm.config.dynamic:
-        return build_qwen_model(mm)
+        return build_qwen_stages(mm)
     size = mm.config.image_size
     pixels = ops.parameter([-1, 3, size, size], ov.Type.f32, name="pixel_values")
     pixels.output(0).set_names({"pixel_values"})
     out = ops.result(PROJECT[mm.config.projector](build_tower(pixels.output(0), mm), mm))
     out.output(0).set_names({"embeddings"})
-    return ov.Model([out], [pixels], f"vision-{mm.config.projector}")
+    return [ov.Model([out], [pixels], f"vision-{mm.config.projector}")]

@@ -12,7 +12,7 @@ are O(N) and not two N x N arrays. Preprocessing and the prompt layout are the m
 (qwen_inputs.py, model.py), the projector named as the mmproj's of the same family."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +41,8 @@ class QwenExportVision(VisionModel):
         super().__init__(config, path, compiled, split=False)
         self._windowed = any(WINDOW_IDS in i.get_names() for i in compiled.inputs)
 
-    def _encode_dynamic(self, images: Sequence[PreparedImage]) -> list[np.ndarray]:
+    def _encode_dynamic(self, images: Sequence[PreparedImage], pause: Callable[[], None] | None) -> list[np.ndarray]:
+        """One graph a call: nowhere to pause inside an image."""
         out = []
         for image in images:
             merge = self.config.dynamic.merge

@@ -114,7 +114,7 @@ def windows(grid: tuple[int, int], merge: int, cells: int) -> Windows:
 @dataclass(frozen=True)
 class SizeInputs:
     """What the tower takes for one image size beside its pixels."""
-    arrays: dict[str, np.ndarray]  # the graph's other inputs (see qwen_tower.build_qwen_model)
+    arrays: dict[str, np.ndarray]  # the graph's other inputs (see qwen_tower.build_qwen_stages)
     rows: np.ndarray | None  # the prepared patch rows in the tower's order (2.5-VL: by window); None: as they are
     restore: np.ndarray | None  # the tower's output rows back in the image's order; None: as they are
 

@@ -5,7 +5,8 @@ layers of non-causal attention with the 2D rotary on q and k, then the merger's 
 Linear-GELU-Linear over each merge x merge block's states side by side. 2.5-VL's rows come
 window by window (HF's order); its windowed layers attend within each window, the windows padded
 to full squares and batched (a whole-image mask would cost full attention on every layer).
-Same-size images batch: [B, patches, 3*2*P*P] -> [B, patches / merge^2, text width]."""
+Same-size images batch: [B, patches, 3*2*P*P] -> [B, patches / merge^2, text width], in stages of
+a few layers each (build_qwen_stages)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -125,25 +126,41 @@ def _windows(inputs: list[ov.Node], batch: ov.Output, slots: int) -> _Windows:
     return _Windows(gather.output(0), scatter.output(0), mask.output(0), slots)
 
 
-def build_qwen_model(mm: MMProj) -> ov.Model:
-    """Inputs "pixel_values" [B, N, 3*2*P*P] f32, "rope_cos" / "rope_sin" [N, head_dim] f32 and,
-    where some layer attends in windows, "window_gather" [windows * slots] i64, "window_scatter"
-    [N] i64 and "window_valid" [windows, slots] bool (all from qwen_inputs.size_inputs, the
-    patches then in its window order) -> output "embeddings" [B, N / merge^2, text width]."""
-    cfg, size = mm.config, mm.config.dynamic
-    if size is None:
+# Layers a compiled stage holds: a busy server rests between stages (server/vision_pacing.py), so
+# a large image's tower (seconds on a few cores) does not hold the cores for all of its run.
+STAGE_LAYERS = 8
+
+
+def build_qwen_stages(mm: MMProj) -> list[ov.Model]:
+    """The tower in stages of STAGE_LAYERS layers, run one after another: the first takes
+    "pixel_values" [B, N, 3*2*P*P] f32, the others "states" [B, N, width]; every stage takes
+    "rope_cos" / "rope_sin" [N, head_dim] f32 and, where one of its layers attends in windows,
+    "window_gather" [windows * slots] i64, "window_scatter" [N] i64 and "window_valid" [windows,
+    slots] bool (all from qwen_inputs.size_inputs, the patches then in its window order). Each
+    gives "states", the last "embeddings" [B, N / merge^2, text width] after the merger."""
+    cfg = mm.config
+    if cfg.dynamic is None:
         raise ValueError(f"a {cfg.projector} projector has no Qwen-VL tower")
+    starts = range(0, cfg.num_layers, STAGE_LAYERS)
+    return [_stage(mm, start, min(start + STAGE_LAYERS, cfg.num_layers)) for start in starts]
+
+
+def _stage(mm: MMProj, first: int, end: int) -> ov.Model:
+    cfg, size = mm.config, mm.config.dynamic
     head = cfg.hidden_size // cfg.num_heads
-    pixels = _parameter("pixel_values", [-1, -1, 3 * 2 * cfg.patch_size ** 2], ov.Type.f32)
+    width = 3 * 2 * cfg.patch_size ** 2 if first == 0 else cfg.hidden_size
+    states = _parameter("pixel_values" if first == 0 else "states", [-1, -1, width], ov.Type.f32)
     cos, sin = (_parameter(name, [-1, head], ov.Type.f32) for name in ("rope_cos", "rope_sin"))
-    inputs = [pixels, cos, sin]
+    inputs = [states, cos, sin]
     rope = tuple(ops.unsqueeze(p, const([0, 2])).output(0) for p in (cos, sin))  # [1, N, 1, head_dim]
-    batch = ops.gather(ops.shape_of(pixels), const([0]), const(0)).output(0)
+    batch = ops.gather(ops.shape_of(states), const([0]), const(0)).output(0)
     cells = size.window_size // size.merge // cfg.patch_size
-    win = _windows(inputs, batch, (cells * size.merge) ** 2) if size.windowed else None
-    x = _patch_embedding(pixels.output(0), mm)
-    for i in range(cfg.num_layers):
+    windowed = size.windowed and not all(size.full_attention(i) for i in range(first, end))
+    win = _windows(inputs, batch, (cells * size.merge) ** 2) if windowed else None
+    x = _patch_embedding(states.output(0), mm) if first == 0 else states.output(0)
+    for i in range(first, end):
         x = _layer(x, mm, i, rope, batch, None if size.full_attention(i) else win)
-    out = ops.result(_merger(x, mm, size.merge))
-    out.output(0).set_names({"embeddings"})
-    return ov.Model([out], inputs, f"vision-{cfg.projector}")
+    last = end == cfg.num_layers
+    out = ops.result(_merger(x, mm, size.merge) if last else x)
+    out.output(0).set_names({"embeddings" if last else "states"})
+    return ov.Model([out], inputs, f"vision-{cfg.projector}-{first}")
