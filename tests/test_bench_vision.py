@@ -92,4 +92,4 @@ def test_bench_vision_end_to_end_against_vinoserve(files, capsys):
     out = capsys.readouterr().out
     assert "CPU: " in out and "vinoserve: OpenVINO" in out and "llama.cpp" in out
     assert "round 2: vinoserve" in out and "TTFT ms (median)" in out
-    assert "TPOT ms (median of 2 streams): alone" in out and "ratio" in out
+    assert "TPOT ms (median of 2 streams): alone" in out and "ratio" in out and "text prompts as long, sent at the same times" in out

@@ -9,8 +9,10 @@ rounds alternating which engine goes first; the report gives each engine's media
 [25th, 75th percentile] of the per-round ratios vinoserve / llama.cpp (the target: <= 1).
 
 TPOT beside images (vinoserve alone): `--streams` streaming completions decode, first alone, then
-again while one-image chat requests arrive one after another until they finish; the report gives
-the streams' median time per output token in each phase and their ratio (the target: <= 1.5).
+again while one-image chat requests arrive one after another until they finish, then beside text
+prompts of the image requests' length (what prefilling them costs the streams, without a vision
+tower); the report gives the streams' median time per output token in each phase and the ratios
+to alone's (the target: <= 1.5 beside images).
 
     vinoserve bench vision                                        # SmolVLM-500M shape, random weights
     vinoserve bench vision --model llava-1.5-7b-q4_0-random --rounds 5
@@ -29,6 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +50,8 @@ QUESTION = "Describe this image in one sentence."
 class Phase:
     """The decoding streams of one TPOT phase and the image requests answered meanwhile."""
     tpot_s: list[float]  # per stream: (last token - first token) / (tokens - 1)
-    images: int
+    images: int  # requests answered beside the streams
+    starts: tuple[float, ...] = ()  # when each was sent, seconds after the streams
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -138,9 +142,13 @@ def ttft_rounds(servers: dict[str, str], size: tuple[int, int], rounds: int, max
     return times
 
 
-async def _phase(base_url: str, model: str, streams: int, tokens: int, image: tuple[int, int] | None) -> Phase:
-    """`streams` decoding `tokens` each; beside them, with `image` (a size), one-image requests one after
-    another until they finish, each a new image (a repeated one would hit the prefix cache)."""
+Beside = tuple[str, Callable[[int], dict]]  # requests sent one after another: (path, the i-th's body)
+
+
+async def _phase(base_url: str, model: str, streams: int, tokens: int, beside: Beside | None,
+                 at: tuple[float, ...] | None = None) -> Phase:
+    """`streams` decoding `tokens` each; beside them (where given) requests one after another
+    until they finish, or (`at`) each sent that many seconds after the streams, as many as `at` says."""
     target = Target(base_url, model, ignore_eos=True, timeout=3600)
     words = stdlib_english().split()
     prompts = [" ".join(words[i * 50:(i + 1) * 50]) for i in range(streams)]
@@ -148,28 +156,39 @@ async def _phase(base_url: str, model: str, streams: int, tokens: int, image: tu
     async with httpx.AsyncClient(timeout=3600, limits=limits) as client:
         t0 = time.perf_counter()
         decoding = [asyncio.create_task(send(client, target, BenchRequest(p, tokens), t0)) for p in prompts]
-        images = 0
-        while image is not None and not all(t.done() for t in decoding):
-            body = image_request(png_data_url(image, 20_000 + images), 1, model)
-            r = await client.post(f"{base_url}/v1/chat/completions", json=body)
+        starts: list[float] = []
+        while beside is not None and not all(t.done() for t in decoding) and (at is None or len(starts) < len(at)):
+            if at is not None:
+                await asyncio.sleep(max(0.0, t0 + at[len(starts)] - time.perf_counter()))
+            starts.append(time.perf_counter() - t0)
+            r = await client.post(f"{base_url}{beside[0]}", json=beside[1](len(starts)))
             if r.status_code != 200:
-                raise RuntimeError(f"image request: HTTP {r.status_code}: {r.text[:300]}")
-            images += 1
+                raise RuntimeError(f"{beside[0]}: HTTP {r.status_code}: {r.text[:300]}")
         records = await asyncio.gather(*decoding)
     failed = [rec.error for rec in records if rec.error]
     if failed:
         raise RuntimeError(f"a stream failed: {failed[0]}")
-    return Phase([(rec.chunk_times[-1] - rec.chunk_times[0]) / (len(rec.chunk_times) - 1) for rec in records], images)
+    return Phase([(rec.chunk_times[-1] - rec.chunk_times[0]) / (len(rec.chunk_times) - 1) for rec in records],
+                 len(starts), tuple(starts))
 
 
-def tpot_phases(base_url: str, size: tuple[int, int], streams: int, tokens: int) -> tuple[Phase, Phase]:
-    """The streams alone, then beside image requests (each a new image)."""
-    with httpx.Client() as client:
+def tpot_phases(base_url: str, size: tuple[int, int], streams: int, tokens: int) -> tuple[Phase, Phase, Phase]:
+    """The streams alone; beside one-image requests (each a new image: a repeated one would hit
+    the prefix cache); beside as many text prompts as long as an image request's, sent when those
+    were (random token ids, a new prompt each): the prefill's share of the slowdown without the
+    vision tower's."""
+    with httpx.Client(timeout=3600) as client:
         model = served_model(client, base_url)
+        usage = client.post(f"{base_url}/v1/chat/completions",
+                            json=image_request(png_data_url(size, 19_999), 1, model)).json()["usage"]
+    length, rng = usage["prompt_tokens"], np.random.default_rng(0)
+    images = ("/v1/chat/completions", lambda i: image_request(png_data_url(size, 20_000 + i), 1, model))
+    texts = ("/v1/completions", lambda i: {"model": model, "max_tokens": 1,
+                                           "prompt": rng.integers(100, 10_000, length).tolist()})
     asyncio.run(_phase(base_url, model, streams, min(tokens, 8), None))  # warm-up: the batch's shapes compiled
     alone = asyncio.run(_phase(base_url, model, streams, tokens, None))
-    beside = asyncio.run(_phase(base_url, model, streams, tokens, size))
-    return alone, beside
+    with_images = asyncio.run(_phase(base_url, model, streams, tokens, images))
+    return alone, with_images, asyncio.run(_phase(base_url, model, streams, tokens, texts, with_images.starts))
 
 
 def _llamacpp_child(conn, text: str, mmproj: str, threads: int) -> None:
@@ -237,10 +256,12 @@ def ttft_report(times: dict[str, list[float]], reference: str = "llama.cpp") -> 
     return lines
 
 
-def tpot_report(alone: Phase, beside: Phase) -> list[str]:
-    a, b = statistics.median(alone.tpot_s), statistics.median(beside.tpot_s)
-    return [f"TPOT ms (median of {len(alone.tpot_s)} streams): alone {1e3 * a:.1f}, beside {beside.images} image "
-            f"requests {1e3 * b:.1f}; ratio {b / a:.2f} (target <= 1.5)"]
+def tpot_report(alone: Phase, images: Phase, texts: Phase) -> list[str]:
+    a, b, c = (statistics.median(p.tpot_s) for p in (alone, images, texts))
+    return [f"TPOT ms (median of {len(alone.tpot_s)} streams): alone {1e3 * a:.1f}, beside {images.images} image "
+            f"requests {1e3 * b:.1f}; ratio {b / a:.2f} (target <= 1.5)",
+            (f"  beside {texts.images} text prompts as long, sent at the same times: {1e3 * c:.1f}, "
+             f"ratio {c / a:.2f} (the prefill's share)")]
 
 
 def main(args: argparse.Namespace) -> list[str]:
