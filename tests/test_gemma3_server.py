@@ -116,3 +116,29 @@ def test_chat_with_an_image_equals_transformers_and_a_repeat_reuses_its_blocks(g
     assert other.usage.prompt_tokens_details.cached_tokens == 0
     _assert_as_hf(other, _hf_reply(hf, srv, png, " th he" * 12))
 
+
+
+def test_two_images_in_one_message_each_attending_both_ways_equal_transformers(gemma3):
+    hf, srv = gemma3
+    pngs = _png(5), _png(6)
+    content = [{"type": "text", "text": BEFORE}]
+    for png in pngs:
+        content += [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
+                    {"type": "text", "text": AFTER}]
+    messages = [{"role": "user", "content": content}]
+    ids = _tokens(srv, messages)
+    assert ids.count(IMAGE_TOKEN) == 2 * ROWS
+    pixels = Gemma3ImageProcessorPil(size={"height": 32, "width": 32}, image_mean=HALF, image_std=HALF)(
+        [Image.open(io.BytesIO(base64.b64decode(p))) for p in pngs], return_tensors="pt").pixel_values
+    tensor = torch.tensor([ids])
+    with torch.no_grad():
+        out = hf.generate(input_ids=tensor, pixel_values=pixels, token_type_ids=(tensor == IMAGE_TOKEN).long(),
+                          attention_mask=torch.ones_like(tensor), max_new_tokens=MAX_TOKENS, do_sample=False,
+                          output_logits=True, return_dict_in_generate=True)
+    tokens = out.sequences[0, len(ids):].tolist()
+    logprobs = [float(torch.log_softmax(step[0], -1)[t]) for step, t in zip(out.logits, tokens)]
+    text = httpx.post(f"{srv.url}/detokenize", json={"tokens": tokens}).json()["prompt"]
+    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(model="tiny-gemma3", messages=messages, max_tokens=MAX_TOKENS, temperature=0,
+                                           logprobs=True, extra_body={"ignore_eos": True})
+    _assert_as_hf(reply, (text, logprobs))

@@ -254,3 +254,29 @@ def test_smolvlm_tiles_an_image_as_transformers_does(smolvlm):
     expected = httpx.post(f"{srv.url}/detokenize", json={"tokens": out[0, len(ids):].tolist()}).json()["prompt"]
     reply = _chat(srv, _messages(png), "tiny-smolvlm", extra_body={"ignore_eos": True})
     assert reply.choices[0].message.content == expected
+
+
+def test_smolvlm_takes_two_tiled_images_in_one_message_as_transformers_does(smolvlm):
+    """Compared by logprobs (see test_two_images_in_one_message_equal_transformers)."""
+    from transformers import Idefics3ImageProcessorPil
+
+    hf, srv = smolvlm
+    pngs = _png(11, (60, 45)), _png(12, (40, 70))
+    content = [{"type": "text", "text": BEFORE}]
+    for png in pngs:
+        content += [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
+                    {"type": "text", "text": AFTER}]
+    messages = [{"role": "user", "content": content}]
+    ids = httpx.post(f"{srv.url}/tokenize", json={"messages": messages}).json()["tokens"]
+    assert ids.count(IMAGE_TOKEN) == 2 * 5 * 4  # each: 2 x 2 tiles and the whole, 4 rows a frame
+    inputs = Idefics3ImageProcessorPil(size={"longest_edge": 64}, max_image_size={"longest_edge": 32},
+                                       image_mean=[0.5] * 3, image_std=[0.5] * 3)(
+        [[Image.open(io.BytesIO(base64.b64decode(p))) for p in pngs]], return_tensors="pt")
+    with torch.no_grad():
+        out = hf.generate(input_ids=torch.tensor([ids]), pixel_values=inputs.pixel_values,
+                          pixel_attention_mask=inputs.pixel_attention_mask, max_new_tokens=MAX_TOKENS, do_sample=False,
+                          output_logits=True, return_dict_in_generate=True)
+    tokens = out.sequences[0, len(ids):].tolist()
+    expected = [float(torch.log_softmax(step[0], -1)[t]) for step, t in zip(out.logits, tokens)]
+    reply = _chat(srv, messages, "tiny-smolvlm", logprobs=True, extra_body={"ignore_eos": True})
+    np.testing.assert_allclose([t.logprob for t in reply.choices[0].logprobs.content], expected, rtol=0, atol=1e-3)
