@@ -20,7 +20,12 @@ import torch
 from gguf_fixtures import EOS_ID, FAMILIES, TOKENS, Vocab, tiny_hf_model, write_gguf
 from PIL import Image
 from server_process import ServerProcess
-from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3ImageProcessorPil, SiglipVisionConfig
+from transformers import (
+    Gemma3Config,
+    Gemma3ForConditionalGeneration,
+    Gemma3ImageProcessorPil,
+    SiglipVisionConfig,
+)
 from vision_fixtures import HALF, with_text_model, write_mmproj
 
 VOCAB = Vocab(TOKENS + ["<image_soft_token>", "<start_of_image>", "<end_of_image>"],
