@@ -79,9 +79,13 @@ def _hf_reply(hf, srv: ServerProcess, png: str, after: str = AFTER) -> tuple[str
     start = ids.index(IMAGE_TOKEN)
     assert ids[start - 1] == IMAGE_TOKEN + 1 and ids[start:start + ROWS] == [IMAGE_TOKEN] * ROWS
     assert ids[start + ROWS] == IMAGE_TOKEN + 2 and ids.count(IMAGE_TOKEN) == ROWS
-    image = Image.open(io.BytesIO(base64.b64decode(png)))
+    return _hf_generate(hf, srv, ids, [png])
+
+
+def _hf_generate(hf, srv: ServerProcess, ids: list[int], pngs: list[str]) -> tuple[str, list[float]]:
+    """HF's greedy reply to prompt `ids` holding `pngs`' rows (each image's both ways) and its logprobs."""
     pixels = Gemma3ImageProcessorPil(size={"height": 32, "width": 32}, image_mean=HALF, image_std=HALF)(
-        image, return_tensors="pt").pixel_values
+        [Image.open(io.BytesIO(base64.b64decode(p))) for p in pngs], return_tensors="pt").pixel_values
     tensor = torch.tensor([ids])
     with torch.no_grad():
         out = hf.generate(input_ids=tensor, pixel_values=pixels, token_type_ids=(tensor == IMAGE_TOKEN).long(),
@@ -133,17 +137,8 @@ def test_two_images_in_one_message_each_attending_both_ways_equal_transformers(g
     messages = [{"role": "user", "content": content}]
     ids = _tokens(srv, messages)
     assert ids.count(IMAGE_TOKEN) == 2 * ROWS
-    pixels = Gemma3ImageProcessorPil(size={"height": 32, "width": 32}, image_mean=HALF, image_std=HALF)(
-        [Image.open(io.BytesIO(base64.b64decode(p))) for p in pngs], return_tensors="pt").pixel_values
-    tensor = torch.tensor([ids])
-    with torch.no_grad():
-        out = hf.generate(input_ids=tensor, pixel_values=pixels, token_type_ids=(tensor == IMAGE_TOKEN).long(),
-                          attention_mask=torch.ones_like(tensor), max_new_tokens=MAX_TOKENS, do_sample=False,
-                          output_logits=True, return_dict_in_generate=True)
-    tokens = out.sequences[0, len(ids):].tolist()
-    logprobs = [float(torch.log_softmax(step[0], -1)[t]) for step, t in zip(out.logits, tokens)]
-    text = httpx.post(f"{srv.url}/detokenize", json={"tokens": tokens}).json()["prompt"]
+    expected = _hf_generate(hf, srv, ids, list(pngs))
     client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
     reply = client.chat.completions.create(model="tiny-gemma3", messages=messages, max_tokens=MAX_TOKENS, temperature=0,
                                            logprobs=True, extra_body={"ignore_eos": True})
-    _assert_as_hf(reply, (text, logprobs))
+    _assert_as_hf(reply, expected)

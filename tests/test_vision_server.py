@@ -123,10 +123,15 @@ def test_two_images_in_one_message_equal_transformers(llava):
     with torch.no_grad():
         out = hf.generate(input_ids=torch.tensor([ids]), pixel_values=pixels, max_new_tokens=MAX_TOKENS,
                           do_sample=False, output_logits=True, return_dict_in_generate=True)
-    tokens = out.sequences[0, len(ids):].tolist()
-    expected = [float(torch.log_softmax(step[0], -1)[t]) for step, t in zip(out.logits, tokens)]
+    expected = _logprobs(out, len(ids))
     reply = _chat(srv, messages, logprobs=True, extra_body={"ignore_eos": True})
     np.testing.assert_allclose([t.logprob for t in reply.choices[0].logprobs.content], expected, rtol=0, atol=1e-3)
+
+
+def _logprobs(out, prompt_len: int) -> list[float]:
+    """Each generated token's logprob from generate(..., output_logits=True, return_dict_in_generate=True)."""
+    tokens = out.sequences[0, prompt_len:].tolist()
+    return [float(torch.log_softmax(step[0], -1)[t]) for step, t in zip(out.logits, tokens)]
 
 
 def test_responses_and_anthropic_clients_send_images_too(llava):
@@ -276,7 +281,6 @@ def test_smolvlm_takes_two_tiled_images_in_one_message_as_transformers_does(smol
         out = hf.generate(input_ids=torch.tensor([ids]), pixel_values=inputs.pixel_values,
                           pixel_attention_mask=inputs.pixel_attention_mask, max_new_tokens=MAX_TOKENS, do_sample=False,
                           output_logits=True, return_dict_in_generate=True)
-    tokens = out.sequences[0, len(ids):].tolist()
-    expected = [float(torch.log_softmax(step[0], -1)[t]) for step, t in zip(out.logits, tokens)]
+    expected = _logprobs(out, len(ids))
     reply = _chat(srv, messages, "tiny-smolvlm", logprobs=True, extra_body={"ignore_eos": True})
     np.testing.assert_allclose([t.logprob for t in reply.choices[0].logprobs.content], expected, rtol=0, atol=1e-3)
