@@ -183,10 +183,11 @@ def test_llama_cpp_reads_our_mxfp4_file_and_differs_only_by_yarns_rounding(tmp_p
     assert_llama_cpp_writes_hfs_greedy_text(hf, path, vocab)
 
 
-def test_a_servers_default_compilation_runs_it(gpt_oss, monkeypatch):
-    """An AMX server's defaults (bf16 compute, the decode model for short steps): the sinks and
-    biased experts compile in both graphs, a prompt's argmax as at f32, a decode step's among
-    f32's top 3."""
+def test_an_amx_servers_compilations_run_it(gpt_oss, kernel, monkeypatch):
+    """An AMX server's default for a mixture of experts (one f32 compilation, the experts on the
+    low-bit kernel) and with the decode model asked for (bf16 compute, the decode model for short
+    steps): the sinks and biased experts compile in every graph, a prompt's argmax as at f32, a
+    decode step's among f32's top 3."""
     from vinoserve.cache.kv_cache import KVCache
     from vinoserve.engine.model_runner import ModelRunner, ScheduledChunk
     from vinoserve.model import cpu_defaults
@@ -197,15 +198,18 @@ def test_a_servers_default_compilation_runs_it(gpt_oss, monkeypatch):
     src = GGUFModel.open(Path(path))
     monkeypatch.setattr(cpu_defaults, "this_cpu", lambda: CpuClass.AMX)
     ids, argmax = prompts[2], []
-    for options in (F32, CompileOptions()):
+    for options, precision in ((F32, "f32"), (CompileOptions(), "f32"), (CompileOptions(decode_model=True), "bf16")):
         model = compile_paged(build_model(src.config, src.tensor, "auto"), options, sliding_windows=(WINDOW, 0))
         runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=8))
         prompt = runner.step([ScheduledChunk(ids, 0, [[0, 1, 2, 3]], num_logits=len(ids))]).logits[0].argmax(-1)
         step = runner.step([ScheduledChunk([int(prompt[-1])], len(ids), [[0, 1, 2, 3]], num_logits=1)])
         argmax.append((prompt, step.logits[0][0]))
-    assert model.decode is not None and model.inference_precision == "bf16"
-    assert (argmax[1][0] == argmax[0][0]).mean() >= 0.9
-    assert int(argmax[1][1].argmax()) in np.argsort(-argmax[0][1])[:3]  # bf16: near ties may swap
+        assert model.inference_precision == precision
+        if options is not F32:
+            assert model.decode is not None and "expert products" in model.describe()
+            assert (model.main_kernel.experts or model.decode_graph.experts) == 3 * src.config.num_layers
+            assert (argmax[-1][0] == argmax[0][0]).mean() >= 0.9
+            assert int(argmax[-1][1].argmax()) in np.argsort(-argmax[0][1])[:3]  # bf16: near ties may swap
 
 
 def test_the_benchs_random_gpt_oss_loads_as_gpt_oss_and_runs_on_gathermatmul(smollm2_gguf, tmp_path, monkeypatch):

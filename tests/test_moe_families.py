@@ -220,35 +220,46 @@ def test_random_q4_k_m_gives_the_experts_down_projection_more_bits_where_llama_q
 
 
 @pytest.mark.parametrize("cpu", ["AMX", "AVX512_BF16", "AVX2"])
-def test_each_cpu_classs_defaults_keep_the_experts_on_gathermatmul(cpu, request, tmp_path, monkeypatch):
-    """What a server compiles by default per CPU class (bf16 with the decode model; one f32
-    compilation with the low-bit kernel and its one-token clone): every compilation runs, its
-    experts on the plugin's GatherMatmul (as the startup log says), a prompt's argmax as at f32
-    and a decode step finite."""
+def test_each_cpu_classs_defaults_put_the_experts_on_the_kernel(cpu, kernel, tmp_path, monkeypatch):
+    """What a server compiles by default per CPU class for a mixture of experts (on every class
+    one f32 compilation with the low-bit kernel, AMX's dense models' decode model not taken: one
+    copy of the experts) and with the decode model asked for on AMX (bf16 prompts, the experts
+    there on the plugin's GatherMatmul): every compilation runs, the experts where the startup
+    log says, a prompt's argmax as at f32 and a decode step finite."""
     from vinoserve.model import cpu_defaults
     from vinoserve.model.compile_options import CompileOptions
     from vinoserve.model.cpu_class import CpuClass
 
-    if cpu != "AMX":
-        request.getfixturevalue("kernel")  # skips where the kernel cannot be built
     spec = {k: v for k, v in MOE_FAMILIES["qwen3moe"].items() if k != "arch"}
     hf = tiny_hf_model("qwen3_moe", **{**spec, "hidden": HIDDEN, "head_dim": HIDDEN // 4, "moe_intermediate_size": FFN})
     src = GGUFModel.open(write_gguf(hf, tmp_path / "q.gguf", "qwen3_moe", quant="Q4_0"))
     ids = np.random.default_rng(0).integers(0, hf.config.vocab_size, 60).tolist()
-    logits = []
     monkeypatch.setattr(cpu_defaults, "this_cpu", lambda: CpuClass[cpu])
-    for options in (F32, CompileOptions()):
+    layers = src.config.num_layers
+    cases = [(F32, None), (CompileOptions(), {"kernel": 3 * layers})]
+    if cpu == "AMX":
+        cases.append((CompileOptions(decode_model=True), {"GatherMatmul": 3 * layers, "decode kernel": 3 * layers}))
+    logits = []
+    for options, where in cases:
         model = compile_paged(build_model(src.config, src.tensor, "auto"), options)
-        runner = ModelRunner(model, KVCache(model.layout, src.config.num_layers, num_blocks=4))
+        runner = ModelRunner(model, KVCache(model.layout, layers, num_blocks=4))
         logits.append(runner.step([ScheduledChunk(ids, 0, [[0, 1, 2]], num_logits=len(ids))]).logits[0].copy())
-    assert model.decode is not None  # the decode model, or the one-token clone
-    assert "; 6 expert products on the plugin's GatherMatmul (routed experts only" in model.describe()  # startup log
-    for compiled in (model.compiled, model.decode):
-        kinds = [n.get_rt_info()["layerType"].astype(str) for n in compiled.get_runtime_model().get_ordered_ops()]
-        assert kinds.count("GatherMatmul") == 3 * src.config.num_layers
-    assert (logits[1].argmax(-1) == logits[0].argmax(-1)).mean() >= 0.9
-    step = runner.step([ScheduledChunk([int(logits[1][-1].argmax())], len(ids), [[0, 1, 2]], num_logits=1)])
-    assert np.isfinite(step.logits[0]).all()
+        if where is None:
+            continue
+        assert model.decode is not None  # the decode model, or the one-token clone
+        kinds = [[n.get_rt_info()["layerType"].astype(str) for n in c.get_runtime_model().get_ordered_ops()]
+                 for c in (model.compiled, model.decode)]
+        if "kernel" in where:
+            assert "; 6 expert products on vinoserve's low-bit kernel (routed experts only" in model.describe()
+            assert model.main_kernel.experts == where["kernel"] and "GatherMatmul" not in kinds[0] + kinds[1]
+        else:
+            assert "6 expert products on the plugin's GatherMatmul (routed experts only; a prompt's one per token " \
+                   "and expert), the decode model's on vinoserve's low-bit kernel" in model.describe()
+            assert kinds[0].count("GatherMatmul") == where["GatherMatmul"] and "GatherMatmul" not in kinds[1]
+            assert model.decode_graph.experts == where["decode kernel"]
+        assert (logits[-1].argmax(-1) == logits[0].argmax(-1)).mean() >= 0.9
+        step = runner.step([ScheduledChunk([int(logits[-1][-1].argmax())], len(ids), [[0, 1, 2]], num_logits=1)])
+        assert np.isfinite(step.logits[0]).all()
 
 
 @pytest.mark.parametrize("name", ["qwen3moe", "qwen2moe", "olmoe"])

@@ -35,13 +35,18 @@ class ClassDefaults:
     # In steps of two int8 planes (prompts, one sequence), the products whose other rows take one
     # (lowbit/rewrite.py, COARSE): "gate_up" (the MLP's gate and up) or "all_but_qkv"
     lowbit_coarse: str = "gate_up"
+    # A mixture of experts takes `lowbit_main`'s one compilation even where dense models do not:
+    # its experts' products on the kernel's LowBitExperts (each routed expert read once for all of
+    # its rows), one copy of the experts where the decode model would hold a second.
+    lowbit_main_experts: bool = False
 
 
 DEFAULTS: dict[CpuClass, ClassDefaults] = {
     # The decode model (f32, int8 activations, the kernel) for steps of a few tokens, bf16 prompts:
     # decode 1.5-2x llama.cpp where the plugin's bf16 alone made 0.85x (benchmarks/results/
     # 2026-11-26-emerald-rapids.md, 2026-11-25-sapphire-rapids.md).
-    CpuClass.AMX: ClassDefaults(decode_model=True, kv_cache_precision="bf16", dynamic_quantization_group_size=None),
+    CpuClass.AMX: ClassDefaults(decode_model=True, kv_cache_precision="bf16", dynamic_quantization_group_size=None,
+                                lowbit_main_experts=True),
     # One f32 compilation with every low-bit MatMul on the kernel (bf16 decoded at 0.65x llama.cpp,
     # this at 1.2-1.5x); two int8 planes for prompts and one sequence's steps keep answers near f32's
     # (long-context perplexity 1.0008x); prefetch 4 KiB ahead for Zen 5's memory
@@ -75,7 +80,8 @@ def resolve(options: CompileOptions, core: ov.Core, model: ov.Model, cpu: CpuCla
         return replace(options, decode_model=False, fuse_projections=bool(options.fuse_projections))
     row = DEFAULTS[cpu or this_cpu()]
     options = replace(options, lowbit_prefetch=row.lowbit_prefetch, lowbit_coarse=row.lowbit_coarse)
-    if row.lowbit_main and _left_to_kernel(options) and decode_model.has_low_bit_matmuls(model):
+    on_kernel = row.lowbit_main or (row.lowbit_main_experts and has_experts(model))
+    if on_kernel and _left_to_kernel(options) and decode_model.has_low_bit_matmuls(model):
         # f32 compute's own cache here is u8; f16 takes bf16's bytes and moved the first reply
         # token less (40 chat prompts against f32, Zen 5)
         return replace(options, decode_model=False, inference_precision="f32", lowbit_main=True,
@@ -94,6 +100,11 @@ def resolve(options: CompileOptions, core: ov.Core, model: ov.Model, cpu: CpuCla
         dq = row.dynamic_quantization_group_size
     return replace(options, decode_model=bool(use), dynamic_quantization_group_size=dq,
                    fuse_projections=options.fuse_projections is not False)
+
+
+def has_experts(model: ov.Model) -> bool:
+    """Whether the graph holds a mixture of experts' products (model/moe.py)."""
+    return any(node.get_type_name() == "GroupedMatMul" for node in model.get_ordered_ops())
 
 
 def _left_to_kernel(options: CompileOptions) -> bool:

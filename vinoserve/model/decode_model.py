@@ -54,16 +54,17 @@ def has_low_bit_matmuls(model: ov.Model) -> bool:
 
 
 def packed_copy_bytes(model: ov.Model) -> int:
-    """About what a compilation's packed weights take: the constants every MatMul multiplies by
-    (through their Convert, scale and offset nodes), low-bit integers as they are, f16 scales
-    widened to f32 (the plugin's packing, cpu-decode.md section 2), f32 scales and block offsets
+    """About what a compilation's packed weights take: the constants every MatMul and expert
+    product multiplies by (through their Convert, scale and offset nodes), low-bit integers as
+    they are, f16 scales widened to f32 (the plugin's packing, cpu-decode.md section 2), f32 scales and block offsets
     as they are. A token table read only by a Gather is read in place, not packed."""
     total, seen = 0, set()
     for node in model.get_ordered_ops():
-        if node.get_type_name() == lowbit.OP:  # its weights, scales and offsets as they are
-            total += sum(v.get_node().get_byte_size() for v in node.input_values()[1:])
+        if node.get_type_name() in (lowbit.OP, lowbit.experts.OP):  # its weights, scales and offsets as they are
+            total += sum(v.get_node().get_byte_size() for v in node.input_values()[1:]
+                         if v.get_node().get_type_name() == "Constant")
             continue
-        if node.get_type_name() != "MatMul":
+        if node.get_type_name() not in ("MatMul", "GroupedMatMul"):  # a mixture of experts' products
             continue
         stack = [node.input_value(1).get_node()]
         while stack:
@@ -101,9 +102,10 @@ class DecodeGraph:
     packed_bytes: int  # about what its second copy of the weights takes
     kernel_matmuls: int = 0  # MatMuls on vinoserve's kernel (model/lowbit)
     kernel_unavailable: str = ""  # why none are, where it was wanted
+    experts: int = 0  # a mixture of experts' products on the kernel (kernel_matmuls includes them)
 
     def describe(self) -> str:
-        matmuls = (f"{self.kernel_matmuls} matmuls on vinoserve's low-bit kernel" if self.kernel_matmuls else
+        matmuls = (f"{self.kernel_matmuls - self.experts} matmuls on vinoserve's low-bit kernel" if self.kernel_matmuls else
                    f"the plugin's matmuls ({self.kernel_unavailable or 'none the low-bit kernel takes'})")
         return (f"steps of up to {MAX_TOKENS} tokens on the decode model, a second packed copy of the weights "
                 f"(about {self.packed_bytes / 2**30:.2f} GiB; --decode-model off saves it), {matmuls}")
@@ -126,7 +128,7 @@ def graph(prepared: ov.Model, raw: ov.Model | None, options: CompileOptions,
         if options.lowbit_kernel:
             raise ModelLoadError(f"the low-bit kernel was asked for: {e}") from e
         return prepared, DecodeGraph(packed_copy_bytes(prepared), kernel_unavailable=str(e))
-    return raw, DecodeGraph(packed_copy_bytes(raw), count)
+    return raw, DecodeGraph(packed_copy_bytes(raw), count, experts=lowbit.experts.count(raw))
 
 
 def properties(main: dict[str, str]) -> dict[str, str]:

@@ -4,21 +4,18 @@ token's output is their sum weighted by the router (llama.cpp's build_moe_ffn).
 
 The experts' products are OpenVINO's GroupedMatMul (opset 17): the (token, expert) pairs sorted
 by expert, each expert's run of rows multiplied by its own [N, K] slice of one [E, N, K] weight.
-The CPU plugin rewrites it into its GatherMatmul op (ConvertGroupedMatMulToGatherMatmul), which
-reads only the experts some row was routed to, and keeps 4- and 8-bit experts compressed
-(GatherMatmulCompressed) behind weights.py's decompression chain. The tiled form optimum-intel
+Where vinoserve's low-bit kernel runs (every x86-64 class's default compilation of a mixture of
+experts: cpu_defaults.py), a load-time pass puts each on its LowBitExperts (lowbit/experts.py):
+an expert's rows share each read of its tiles, experts no row was routed to are not read, and
+block minimums go inside the product. Elsewhere the CPU plugin rewrites it into its GatherMatmul
+op (ConvertGroupedMatMulToGatherMatmul), which reads only the routed experts and keeps 4- and 8-bit
+experts compressed (GatherMatmulCompressed) behind weights.py's decompression chain, but
+multiplies each (token, expert) pair on its own: at f32 6x below a dense product of the same
+FLOPs, at bf16 a fixed ~40 ms a call for 64 experts (one thread, OLMoE-1B-7B's sizes, i4); the
+kernel's figures: benchmarks/results/2026-12-03-moe-kernel.md. The tiled form optimum-intel
 exports (the tokens tiled over every expert, batched MatMuls, a [T, E] routing map) is fused only
 by newer plugins: on openvino 2026.4.1 it stayed batched FullyConnected over all experts in f32,
 f16, i8 and i4 with three router shapes tried, and its unfused i4 products were wrong.
-tests/test_moe.py checks the compiled graph holds GatherMatmul.
-
-Measured there (one thread, 64 experts of OLMoE-1B-7B's size, top 8, i4): a one-token step cost
-1.2x a dense FFN of the same active weights, and the same with 8 experts as with 64, so it reads
-the routed experts only; but a prompt step cost 7x that dense FFN at f32 compute and 30-45x at
-bf16. At f32 GatherMatmul ran 6x below a dense product of the same FLOPs at every row count, even
-with each expert's rows grouped (GroupedMatMul's 3-D form); at bf16 each call paid a fixed ~40 ms
-for those 64 experts (as if every one were converted) and then neared the dense product's speed.
-Prompt steps that group each expert's tokens into one fast product are still to come (issue 57).
 """
 from __future__ import annotations
 

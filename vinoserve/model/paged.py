@@ -46,8 +46,9 @@ class CacheLayout:
 class MainKernel:
     """The single compilation's low-bit MatMuls on vinoserve's kernel (cpu_defaults.py)."""
 
-    matmuls: int = 0
+    matmuls: int = 0  # expert products included
     unavailable: str = ""  # why none are, where the CPU class wanted them
+    experts: int = 0  # a mixture of experts' products on the kernel (lowbit/experts.py)
     one_token_bytes: int | None = None  # what its one-token clone (one_token.py) added resident; None: none
     one_token_error: str = ""  # why there is none, where it could not be built
 
@@ -56,7 +57,7 @@ class MainKernel:
             clone = "" if self.one_token_bytes is None else \
                 f" and its one-token clone with static shapes (+{self.one_token_bytes / 2**20:.0f} MiB resident)"
             missing = f" (no one-token clone: {self.one_token_error})" if self.one_token_error else ""
-            return (f"one f32 compilation{clone}, {self.matmuls} matmuls on vinoserve's low-bit kernel "
+            return (f"one f32 compilation{clone}, {self.matmuls - self.experts} matmuls on vinoserve's low-bit kernel "
                     f"(--lowbit-kernel off: the plugin's){missing}")
         return f"the plugin's matmuls ({self.unavailable})" if self.unavailable else ""
 
@@ -90,9 +91,20 @@ class PagedModel:
     def describe(self) -> str:
         """What was compiled beyond the plain graph, for the startup log ("" for nothing)."""
         compiled = self.decode_graph.describe() if self.decode_graph else self.main_kernel.describe()
-        experts = (f"{self.facts.expert_products} expert products on the plugin's GatherMatmul (routed experts "
-                   "only; a prompt's one per token and expert)") if self.facts.expert_products else ""
-        return "; ".join(part for part in (compiled, experts) if part)
+        return "; ".join(part for part in (compiled, self._experts()) if part)
+
+    def _experts(self) -> str:
+        """Where a mixture of experts' products run ("" for a dense model)."""
+        n = self.facts.expert_products
+        kernel = "on vinoserve's low-bit kernel (routed experts only, each expert's rows in one product)"
+        plugin = "on the plugin's GatherMatmul (routed experts only; a prompt's one per token and expert)"
+        if not n:
+            return ""
+        if self.main_kernel.experts:
+            return f"{n} expert products {kernel}"
+        if self.decode_graph is not None and self.decode_graph.experts:
+            return f"{n} expert products {plugin}, the decode model's {kernel}"
+        return f"{n} expert products {plugin}"
 
     @property
     def block_size(self) -> int:
@@ -191,7 +203,7 @@ def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None
     if options.lowbit_main:  # int8 planes a step as the runner sets them (lowbit.PLANES)
         kernel = MainKernel(lowbit.kernel_graph(model, core, bool(options.fuse_projections), planes=True,
                                                 prefetch=options.lowbit_prefetch, sampled=SAMPLED_INDICES,
-                                                coarse=options.lowbit_coarse))
+                                                coarse=options.lowbit_coarse), experts=lowbit.experts.count(model))
     else:
         split_block_offsets(model)  # after to_paged: the LM head's correction must read the gathered rows
         if options.fuse_projections:

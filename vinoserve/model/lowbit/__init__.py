@@ -17,9 +17,10 @@ from openvino.utils.node_factory import NodeFactory
 from vinoserve.model import fuse_projections as projections
 from vinoserve.model.block_offsets import split_block_offsets
 from vinoserve.model.lowbit.build import Unavailable, library
+from vinoserve.model.lowbit import experts
 from vinoserve.model.lowbit.rewrite import OP, replace_gathers, replace_matmuls
 
-__all__ = ["OP", "PLANES", "Unavailable", "kernel_graph", "use_kernel"]
+__all__ = ["OP", "PLANES", "Unavailable", "experts", "kernel_graph", "use_kernel"]
 
 # The main compilation's input where it runs on the kernel: 2 (x in two int8 planes, near f32)
 # where a step computes prompt tokens or one sequence decodes, 1 (llama.cpp's one plane) where
@@ -34,13 +35,15 @@ def use_kernel(model: ov.Model, core: ov.Core, planes: ov.Output | None = None, 
     plane, or in as many as the scalar `planes` says and the logits' in two (the `coarse` products
     in two on the `sampled` rows only, where given: rewrite.replace_matmuls); weights prefetched
     `prefetch` bytes ahead; with `gathers`, its low-bit token table's rows read by the library's
-    gather (rewrite.replace_gathers). Returns how many MatMuls; raises Unavailable (the model untouched) where it
+    gather (rewrite.replace_gathers). Experts' products go to the kernel too (experts.py), in as
+many planes as x. Returns how many MatMuls and expert products; raises Unavailable (the model untouched) where it
     cannot be built or run here."""
     path = str(library())
     core.add_extension(path)  # again on the same core is harmless
     factory = NodeFactory()
     factory.add_extension(path)
     count = replace_matmuls(model, factory, planes, prefetch, sampled, coarse)
+    count += experts.replace_experts(model, factory, planes, prefetch)
     if gathers:
         replace_gathers(model, factory)
     return count

@@ -33,6 +33,8 @@
 #include "lowbit_kernels_avx512.hpp"
 #endif
 #include "lowbit_multiply.hpp"
+#include "lowbit_attributes.hpp"
+#include "lowbit_experts.hpp"
 
 namespace vinoserve {
 class LowBitMatMul : public ov::op::Op {
@@ -42,34 +44,28 @@ public:
     LowBitMatMul() = default;
 
     void validate_and_infer_types() override {
-        NODE_VALIDATION_CHECK(this, pick(m_bits, m_group, 1) != nullptr, "unsupported bits/group ", m_bits, "/", m_group);
-        NODE_VALIDATION_CHECK(this, m_k % m_group == 0, "k is not a multiple of the group");
-        NODE_VALIDATION_CHECK(this, m_block == 0 || (block_shift() >= 0 && (m_k / m_group) % m_block == 0),
-                              "block is not a power of two dividing the groups");
-        NODE_VALIDATION_CHECK(this, m_factor_bits == 8 || (m_factor_bits == 6 && m_block), "factor_bits is 8, or 6 with block");
-        NODE_VALIDATION_CHECK(this, m_planes >= 0 && m_planes <= 2, "planes is 1, 2 or 0 (an input)");
-        NODE_VALIDATION_CHECK(this, m_prefetch >= 0 && m_prefetch <= 65536, "prefetch is a distance in bytes, up to 64 KiB");
+        m_w.check(this);
         NODE_VALIDATION_CHECK(this, m_sampled == 0 || m_sampled == 1, "sampled is 0 or 1");
         NODE_VALIDATION_CHECK(this, float_inputs() == 1 || float_inputs() == 2, "x, weights, scales [, offsets] [, sampled] [, planes]");
-        NODE_VALIDATION_CHECK(this, m_planes != 0 || get_input_element_type(get_input_size() - 1) == ov::element::i32,
+        NODE_VALIDATION_CHECK(this, m_w.planes != 0 || get_input_element_type(get_input_size() - 1) == ov::element::i32,
                               "planes is an i32 input");
         // i64 as the graph gives them, i32 as the plugin's precision pass may leave them
-        NODE_VALIDATION_CHECK(this, m_sampled == 0 || (m_planes == 0 && (get_input_element_type(sampled_input()) == ov::element::i64 ||
+        NODE_VALIDATION_CHECK(this, m_sampled == 0 || (m_w.planes == 0 && (get_input_element_type(sampled_input()) == ov::element::i64 ||
                                                                          get_input_element_type(sampled_input()) == ov::element::i32)),
                               "sampled goes with the planes input, the sampled rows' indices before it");
         const auto scales = get_input_element_type(2);
-        NODE_VALIDATION_CHECK(this, scales == ov::element::u8 || (!m_block && scales == ov::element::f32),
+        NODE_VALIDATION_CHECK(this, scales == ov::element::u8 || (!m_w.block && scales == ov::element::f32),
                               "scales are f32, or bytes: f16s or (block > 0) their factors");
         NODE_VALIDATION_CHECK(this, float_inputs() == 1 || get_input_element_type(3) == scales, "offsets are of the scales' type");
         auto shape = get_input_partial_shape(0);
-        NODE_VALIDATION_CHECK(this, shape.rank().is_static() && shape[shape.size() - 1].compatible(m_k), "x's last dimension is not k");
+        NODE_VALIDATION_CHECK(this, shape.rank().is_static() && shape[shape.size() - 1].compatible(m_w.k), "x's last dimension is not k");
         const std::vector<int64_t> parts = this->parts();
         int64_t total = 0;
         for (const int64_t n : parts) {
             NODE_VALIDATION_CHECK(this, n > 0 && (parts.size() == 1 || n % 16 == 0), "parts are whole tiles of 16 columns");
             total += n;
         }
-        NODE_VALIDATION_CHECK(this, total == m_n && parts.size() <= Outputs::MAX, "up to 4 parts, summing to n");
+        NODE_VALIDATION_CHECK(this, total == m_w.n && parts.size() <= Outputs::MAX, "up to 4 parts, summing to n");
         for (size_t i = 0; i < parts.size(); i++) {
             shape[shape.size() - 1] = parts[i];
             set_output_type(i, ov::element::f32, shape);
@@ -79,23 +75,13 @@ public:
     std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override {
         auto op = std::make_shared<LowBitMatMul>();
         op->set_arguments(args);
-        op->m_n = m_n; op->m_k = m_k; op->m_bits = m_bits; op->m_group = m_group; op->m_bias = m_bias; op->m_block = m_block; op->m_centre = m_centre; op->m_factor_bits = m_factor_bits;
-        op->m_planes = m_planes; op->m_prefetch = m_prefetch; op->m_parts = m_parts; op->m_sampled = m_sampled;
+        op->m_w = m_w; op->m_parts = m_parts; op->m_sampled = m_sampled;
         op->constructor_validate_and_infer_types();
         return op;
     }
 
     bool visit_attributes(ov::AttributeVisitor& v) override {
-        v.on_attribute("n", m_n);
-        v.on_attribute("k", m_k);
-        v.on_attribute("bits", m_bits);
-        v.on_attribute("group", m_group);
-        v.on_attribute("bias", m_bias);
-        v.on_attribute("block", m_block);
-        v.on_attribute("centre", m_centre);
-        v.on_attribute("factor_bits", m_factor_bits);
-        v.on_attribute("planes", m_planes);
-        v.on_attribute("prefetch", m_prefetch);
+        m_w.visit(v);
         v.on_attribute("parts", m_parts);
         v.on_attribute("sampled", m_sampled);
         return true;
@@ -115,13 +101,10 @@ public:
             y.n[i] = parts[i];
             y.first_tile[i] = tile;
         }
-        const size_t rows = ov::shape_size(xs) / m_k;
+        const size_t rows = ov::shape_size(xs) / m_w.k;
         if (rows == 0) return true;
-        Weights w{static_cast<const uint8_t*>(inputs[1].data()), inputs[2].data(),
-                  float_inputs() == 2 ? inputs[3].data() : nullptr, inputs[2].get_element_type() == ov::element::u8,
-                  static_cast<int>(m_bits), static_cast<int>(m_group), static_cast<int>(m_bias), static_cast<int>(m_centre), block_shift(), static_cast<int>(m_factor_bits),
-                  static_cast<size_t>(m_n), static_cast<size_t>(m_k), static_cast<size_t>(m_prefetch)};
-        const int planes = (m_planes ? m_planes : inputs.back().data<const int32_t>()[0]) == 2 ? 2 : 1;
+        const Weights w = m_w.weights(inputs[1], inputs[2], float_inputs() == 2 ? &inputs[3] : nullptr);
+        const int planes = m_w.planes_now(inputs);
         const float* x = inputs[0].data<float>();
         std::vector<RowSet> sets;
         std::vector<size_t> fine, coarse;
@@ -137,7 +120,7 @@ public:
     }
 
 private:
-    size_t float_inputs() const { return get_input_size() - 2 - (m_planes == 0) - m_sampled; }  // scales [, offsets]
+    size_t float_inputs() const { return get_input_size() - 2 - (m_w.planes == 0) - m_sampled; }  // scales [, offsets]
 
     size_t sampled_input() const { return get_input_size() - 2; }
 
@@ -152,20 +135,15 @@ private:
         for (size_t r = 0; r < rows; r++) (is_fine[r] ? fine : coarse).push_back(r);
     }
 
-    std::vector<int64_t> parts() const { return m_parts.empty() ? std::vector<int64_t>{m_n} : m_parts; }
+    std::vector<int64_t> parts() const { return m_parts.empty() ? std::vector<int64_t>{m_w.n} : m_parts; }
 
-    int block_shift() const {  // log2 of block, -1 for none (or not a power of two)
-        for (int s = 0; s < 31; s++)
-            if ((int64_t{1} << s) == m_block) return s;
-        return -1;
-    }
-
-    int64_t m_n = 0, m_k = 0, m_bits = 4, m_group = 32, m_bias = 0, m_block = 0, m_centre = 0, m_factor_bits = 8, m_planes = 1,
-            m_prefetch = 1024, m_sampled = 0;
+    WeightAttributes m_w;
+    int64_t m_sampled = 0;
     std::vector<int64_t> m_parts;  // the outputs' columns, in tiles' order; empty: one output of n
 };
 
 }  // namespace vinoserve
 
 OPENVINO_CREATE_EXTENSIONS(std::vector<ov::Extension::Ptr>({std::make_shared<ov::OpExtension<vinoserve::LowBitMatMul>>(),
-                                                            std::make_shared<ov::OpExtension<vinoserve::LowBitGather>>()}));
+                                                            std::make_shared<ov::OpExtension<vinoserve::LowBitGather>>(),
+                                                            std::make_shared<ov::OpExtension<vinoserve::LowBitExperts>>()}));

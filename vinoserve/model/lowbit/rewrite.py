@@ -43,7 +43,7 @@ def replace_matmuls(model: ov.Model, factory: NodeFactory, planes: ov.Output | N
     for node in model.get_ordered_ops():
         if node.get_type_name() != "MatMul" or node.get_attributes() != {"transpose_a": False, "transpose_b": True}:
             continue
-        found = _decompression(node.input_value(1))
+        found = decompression(node.input_value(1))
         if found is None or node.get_output_element_type(0) != ov.Type.f32:
             continue
         split = _column_split(node)
@@ -72,7 +72,7 @@ def replace_gathers(model: ov.Model, factory: NodeFactory) -> int:
     for node in model.get_ordered_ops():
         if node.get_type_name() != "Gather" or node.get_attributes().get("batch_dims", 0) != 0 or not is_axis0(node):
             continue
-        found = _decompression(node.input_value(0))
+        found = decompression(node.input_value(0))
         ids = node.input_value(1)
         if found is None or ids.get_element_type() not in (ov.Type.i32, ov.Type.i64):
             continue
@@ -173,10 +173,10 @@ def _gives_logits(node: ov.Node) -> bool:
     return False
 
 
-def _decompression(weight: ov.Output) -> tuple[ov.Node, ov.Node, ov.Node | None] | None:
+def decompression(weight: ov.Output, rank: int = 3) -> tuple[ov.Node, ov.Node, ov.Node | None] | None:
     """Convert(f32) <- Reshape [rows, K] <- [Add(.., offset [rows, G, 1]) <-] Multiply(Convert(q
     [rows, G, g]), scale [rows, G, 1]): the q, scale and offset constants, where the kernel takes
-    their types and group."""
+    their types and group. `rank` 4: a stack of such matrices, q [E, rows, G, g] (experts')."""
     convert = weight.get_node()
     if convert.get_type_name() != "Convert" or convert.input_value(0).get_node().get_type_name() != "Reshape":
         return None
@@ -194,7 +194,7 @@ def _decompression(weight: ov.Output) -> tuple[ov.Node, ov.Node, ov.Node | None]
     if q.get_type_name() != "Constant" or q.get_element_type() not in _SIGNED:
         return None
     shape, s_shape = tuple(q.get_output_shape(0)), tuple(scale.get_output_shape(0))
-    if len(shape) != 3 or shape[2] not in _GROUPS or s_shape != (shape[0], shape[1], 1):
+    if len(shape) != rank or shape[-1] not in _GROUPS or s_shape != (*shape[:-1], 1):
         return None
     if any(c is not None and (c.get_type_name() != "Constant" or c.get_element_type() not in (ov.Type.f16, ov.Type.f32)
                               or tuple(c.get_output_shape(0)) != s_shape) for c in (scale, offset)):
@@ -242,14 +242,12 @@ def _factored(scale: ov.Node, offset: ov.Node | None, rows: int, groups: int,
     return None
 
 
-def _lowbit_node(factory: NodeFactory, x: ov.Output, q: ov.Node, scale: ov.Node, offset: ov.Node | None,
-                 planes: ov.Output | int | None, parts: list[int], prefetch: int,
-                 sampled: ov.Output | None = None) -> ov.Node:
-    """`planes`: a fixed count, or the scalar input that gives it (None: one); `parts`: the
-    outputs' widths (empty: one output); `prefetch`: the CPU class's distance (cpu_defaults.py);
-    `sampled` (with a planes input): the rows that take two planes when it says two."""
-    rows, groups, group = (int(d) for d in q.get_output_shape(0))
-    k = groups * group
+def packed(q: ov.Node, scale: ov.Node, offset: ov.Node | None) -> tuple[list[np.ndarray], dict[str, int]]:
+    """The kernel's weight, scale [and offset] inputs for a decompression chain's constants (q
+    [.., rows, G, g]: every leading dimension's matrices stacked, a tile never spanning two where
+    their rows are whole tiles), and the attributes saying their layout."""
+    *lead, groups, group = (int(d) for d in q.get_output_shape(0))
+    rows, k = int(np.prod(lead)), groups * group
     bits = q.get_element_type().bitwidth
     signed = _SIGNED[q.get_element_type()]
     bias = (1 << (bits - 1)) if signed else 0
@@ -257,14 +255,22 @@ def _lowbit_node(factory: NodeFactory, x: ov.Output, q: ov.Node, scale: ov.Node,
     if bits == 8 and signed and (narrow := _narrow_bits(u, group)) < 8:  # 5- and 6-bit values widened to int8
         bits, bias = narrow, 1 << (narrow - 1)
         u -= 128 - bias
-    packed = ops.constant(pack.pack_weights(u, bits, group))
     floats, layout = _float_inputs(scale, offset, rows, groups, group)
-    inputs = [x, packed.output(0), *(ops.constant(f).output(0) for f in floats)]
+    return [pack.pack_weights(u, bits, group), *floats], {"k": k, "bits": bits, "group": group, "bias": bias, **layout}
+
+
+def _lowbit_node(factory: NodeFactory, x: ov.Output, q: ov.Node, scale: ov.Node, offset: ov.Node | None,
+                 planes: ov.Output | int | None, parts: list[int], prefetch: int,
+                 sampled: ov.Output | None = None) -> ov.Node:
+    """`planes`: a fixed count, or the scalar input that gives it (None: one); `parts`: the
+    outputs' widths (empty: one output); `prefetch`: the CPU class's distance (cpu_defaults.py);
+    `sampled` (with a planes input): the rows that take two planes when it says two."""
+    arrays, layout = packed(q, scale, offset)
+    inputs = [x, *(ops.constant(a).output(0) for a in arrays)]
     if sampled is not None:
         inputs.append(sampled)
     if isinstance(planes, ov.Output):
         inputs.append(planes)
     count = 0 if isinstance(planes, ov.Output) else planes or 1
-    return factory.create(OP, inputs, {"n": rows, "k": k, "bits": bits, "group": group, "bias": bias,
-                                       "planes": count, "prefetch": prefetch, "parts": parts,
-                                       "sampled": int(sampled is not None), **layout})
+    return factory.create(OP, inputs, {"n": int(q.get_output_shape(0)[0]), "planes": count, "prefetch": prefetch,
+                                       "parts": parts, "sampled": int(sampled is not None), **layout})
