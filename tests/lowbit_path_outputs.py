@@ -21,6 +21,7 @@ LAYOUTS = {  # element, group, scale type, offset type, bits
     "q8_k": (ov.Type.i8, 16, "k", None, None),
     "u4": (ov.Type.u4, 16, np.float16, np.float16, None),
     "u8": (ov.Type.u8, 32, np.float16, np.float16, None),
+    "mxfp4": (ov.Type.i8, 32, np.float32, None, "e2m1"),
 }
 
 

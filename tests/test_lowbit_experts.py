@@ -13,19 +13,23 @@ import pytest
 
 from test_lowbit_kernel import _int8_activations, _k_factors
 from vinoserve.model import lowbit, moe
+from vinoserve.model.lowbit import pack
 
 E, N, K = 5, 48, 256  # 48 rows an expert: a pair of tiles and one alone
 # rows of x per expert, in order: one empty, one with the pair path's 8 rows and more, one row
 COUNTS = [3, 0, 11, 1, 6]
 
 
-def _experts(rng, group: int, scale_type, offset: bool, element: ov.Type = ov.Type.i4):
+def _experts(rng, group: int, scale_type, offset: bool, element: ov.Type = ov.Type.i4, e2m1: bool = False):
     """GroupedMatMul over a stacked chain as model/moe.py builds it, and each expert's integers
-    times scales [E, N, K] and offsets [E, N, K / group] (or None), f32."""
+    times scales [E, N, K] and offsets [E, N, K / group] (or None), f32. `e2m1`: int8 values that
+    are MXFP4's doubled, as weights.py keeps gpt-oss' experts."""
     groups = K // group
     signed = element in (ov.Type.i4, ov.Type.i8)
     low = -(1 << (element.bitwidth - 1)) if signed else 0
     q = rng.integers(low, low + (1 << element.bitwidth), (E, N, groups, group))
+    if e2m1:
+        q = rng.choice(pack.E2M1_DOUBLED, (E, N, groups, group))
     if scale_type == "k":
         scale = _k_factors(rng, E * N, groups, 256 // group, 0.0004, (0, 64)).reshape(E, N, groups, 1)
     else:
@@ -57,17 +61,20 @@ def _compile(model: ov.Model, planes: int | None = None) -> ov.CompiledModel:
     return core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
 
 
-@pytest.mark.parametrize("group,scale_type,offset,element", [
-    (32, np.float16, False, ov.Type.i4),  # Q4_0
-    (32, "k", True, ov.Type.i4),          # Q4_K: factored scales, block minimums
-    (32, np.float32, True, ov.Type.i4),   # Q4_1
-    (16, "k", False, ov.Type.i8),         # Q6_K's int8 (kept in 6 bits where its values fit)
-    (32, np.float16, False, ov.Type.i8),  # Q8_0, gpt-oss' MXFP4 as weights.py keeps it
-], ids=["q4_0", "q4_k", "q4_1", "q6_k", "q8_0"])
-def test_each_experts_rows_get_the_kernels_arithmetic_on_its_matrix(kernel, group, scale_type, offset, element):
+@pytest.mark.parametrize("group,scale_type,offset,element,e2m1", [
+    (32, np.float16, False, ov.Type.i4, False),  # Q4_0
+    (32, "k", True, ov.Type.i4, False),          # Q4_K: factored scales, block minimums
+    (32, np.float32, True, ov.Type.i4, False),   # Q4_1
+    (16, "k", False, ov.Type.i8, False),         # Q6_K's int8 (kept in 6 bits where its values fit)
+    (32, np.float16, False, ov.Type.i8, False),  # Q8_0
+    (32, np.float32, False, ov.Type.i8, True),   # MXFP4's doubled values: kept as 4-bit E2M1 codes
+], ids=["q4_0", "q4_k", "q4_1", "q6_k", "q8_0", "mxfp4"])
+def test_each_experts_rows_get_the_kernels_arithmetic_on_its_matrix(kernel, group, scale_type, offset, element, e2m1):
     rng = np.random.default_rng(5)
-    model, scaled, offsets = _experts(rng, group, scale_type, offset, element)
+    model, scaled, offsets = _experts(rng, group, scale_type, offset, element, e2m1)
     compiled = _compile(model)
+    node, = (n for n in model.get_ordered_ops() if n.get_type_name() == lowbit.experts.OP)
+    assert (node.get_attributes()["e2m1"], node.get_attributes()["bits"] == 4) == (int(e2m1), e2m1 or element.bitwidth == 4)
     x = rng.standard_normal((sum(COUNTS), K)).astype(np.float32)
     ends = np.cumsum(COUNTS).astype(np.int32)
     y = compiled({"x": x, "ends": ends})[0]

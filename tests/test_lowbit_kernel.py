@@ -27,11 +27,14 @@ from vinoserve.scheduler.sampling_params import SamplingParams
 
 def _matmul(rows: int, k: int, group: int, element: ov.Type, scale_type, offset_type, rng, bits: int | None = None):
     """MatMul(x, weight) with the weight chain weights.py writes, its integers of `bits` bits
-    (default: the element type's, Q6_K's 6 in int8); the weight's integers times their scales,
+    (default: the element type's, Q6_K's 6 in int8; "e2m1": MXFP4's values doubled, in int8); the weight's integers times their scales,
     and its offsets per group (or None), in f32."""
+    e2m1, bits = bits == "e2m1", None if bits == "e2m1" else bits  # MXFP4's values doubled, as int8
     bits, signed = bits or element.bitwidth, element in (ov.Type.i4, ov.Type.i8)
     low = -(1 << (bits - 1)) if signed else 0
     q = rng.integers(low, low + (1 << bits), (rows, k // group, group))
+    if e2m1:
+        q = rng.choice(pack.E2M1_DOUBLED, (rows, k // group, group))
     if scale_type in ("k", "k6"):  # a K-quant's: an f16 per 256 weights times an integer per group, f32
         ints = (-128, 128) if signed and scale_type == "k" else (0, 64)  # "k6": Q4_K's 6-bit sub-scales
         scale = _k_factors(rng, rows, k // group, 256 // group, 0.0004, ints)
@@ -83,13 +86,14 @@ def _int8_activations(x: np.ndarray, group: int) -> np.ndarray:
     (ov.Type.i8, 32, np.float16, None),        # Q8_0
     (ov.Type.u4, 16, np.float16, np.float16),
     (ov.Type.u8, 32, np.float16, np.float16),
+    ("e2m1", 32, np.float32, None),            # MXFP4 (gpt-oss): 4-bit codes read through a table
 ])
 def test_the_kernel_computes_its_arithmetic(kernel, element, group, scale_type, offset_type, monkeypatch):
     """The integers against x rounded to int8 per group, the offsets against x's exact group sums.
     200 rows (the last tile of 16 partial), 15 rows of x (the 8, 4, 2 and 1-row paths), and each
     row of x alone gives bit for bit what it gives in the batch."""
     rng = np.random.default_rng(7)
-    bits = {"q5": 5, "q6": 6}.get(element)
+    bits = {"q5": 5, "q6": 6, "e2m1": "e2m1"}.get(element)
     element = ov.Type.i8 if bits else element
     model, scaled, offsets = _matmul(200, 512, group, element, scale_type, offset_type, rng, bits)
     core = ov.Core()
@@ -109,7 +113,8 @@ def test_the_kernel_computes_its_arithmetic(kernel, element, group, scale_type, 
     node, = (n for n in model.get_ordered_ops() if n.get_type_name() == lowbit.OP)
     assert (node.get_attributes()["block"] > 0) == (scale_type in ("k", "k6"))
     assert node.get_attributes()["factor_bits"] == (6 if scale_type == "k6" else 8)
-    assert node.get_attributes()["bits"] == (bits or element.bitwidth)
+    assert node.get_attributes()["bits"] == (4 if bits == "e2m1" else bits or element.bitwidth)
+    assert node.get_attributes()["e2m1"] == (bits == "e2m1")
     if scale_type in ("k", "k6"):  # the factors give bit for bit what their f32 products give
         monkeypatch.setattr(pack, "factor", lambda s, block: None)
         plain, _, _ = _matmul(200, 512, group, element, scale_type, offset_type, np.random.default_rng(7), bits)

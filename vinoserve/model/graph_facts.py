@@ -32,7 +32,7 @@ class GraphFacts:
     vocab_size: int
     # Per layer, in tokens, query included (0: the whole context); empty when no layer has one.
     sliding_windows: tuple[int, ...]
-    expert_products: int = 0  # a mixture of experts' GroupedMatMul nodes (model/moe.py)
+    expert_products: int = 0  # a mixture of experts' products (model/moe.py's GroupedMatMul nodes)
 
     @property
     def has_sliding_windows(self) -> bool:
@@ -56,7 +56,9 @@ def read_graph_facts(model: ov.Model) -> GraphFacts:
                              f"{next(v for v in kv.values() if v != kv[0])})")
     heads, head_size = kv[0]
     windows = tuple(_sliding_window(layers[i]) for i in range(len(layers)))
-    experts = sum(node.get_type_name() == "GroupedMatMul" for node in model.get_ordered_ops())
+    # not the block minimums' products of group sums beside them (moe._product)
+    experts = sum(node.get_type_name() == "GroupedMatMul" and node.input_value(0).get_node().get_type_name() != "ReduceSum"
+                  for node in model.get_ordered_ops())
     return GraphFacts(len(layers), heads, head_size, _vocab_size(model), windows if any(windows) else (), experts)
 
 

@@ -18,6 +18,7 @@ struct WeightAttributes {
     // n: the matrix's rows (LowBitExperts: one expert's); planes: x in 1 or 2 int8 planes, or 0:
     // as many as the op's last input says; prefetch: how far ahead the weights are fetched, bytes
     int64_t n = 0, k = 0, bits = 4, group = 32, bias = 0, block = 0, centre = 0, factor_bits = 8, planes = 1, prefetch = 1024;
+    int64_t e2m1 = 0;  // 1: 4-bit E2M1 codes (MXFP4's, lowbit_layout.hpp), not integers
 
     void visit(ov::AttributeVisitor& v) {
         v.on_attribute("n", n);
@@ -30,10 +31,12 @@ struct WeightAttributes {
         v.on_attribute("factor_bits", factor_bits);
         v.on_attribute("planes", planes);
         v.on_attribute("prefetch", prefetch);
+        v.on_attribute("e2m1", e2m1);
     }
 
     void check(const ov::Node* node) const {
-        NODE_VALIDATION_CHECK(node, pick(bits, group, 1) != nullptr, "unsupported bits/group ", bits, "/", group);
+        NODE_VALIDATION_CHECK(node, pick(bits, group, 1, e2m1) != nullptr, "unsupported bits/group ", bits, "/", group,
+                              e2m1 ? " for E2M1 codes" : "");
         NODE_VALIDATION_CHECK(node, k % group == 0, "k is not a multiple of the group");
         NODE_VALIDATION_CHECK(node, block == 0 || (block_shift() >= 0 && (k / group) % block == 0),
                               "block is not a power of two dividing the groups");
@@ -53,7 +56,7 @@ struct WeightAttributes {
         return {static_cast<const uint8_t*>(q.data()), scale.data(), offset ? offset->data() : nullptr,
                 scale.get_element_type() == ov::element::u8, static_cast<int>(bits), static_cast<int>(group),
                 static_cast<int>(bias), static_cast<int>(centre), block_shift(), static_cast<int>(factor_bits),
-                static_cast<size_t>(n), static_cast<size_t>(k), static_cast<size_t>(prefetch)};
+                static_cast<size_t>(n), static_cast<size_t>(k), static_cast<size_t>(prefetch), e2m1 != 0};
     }
 
     // How many int8 planes x takes this call: the attribute's, or the planes input's (the last).

@@ -31,9 +31,9 @@ constexpr bool VNNI = true;
 constexpr bool VNNI = false;
 #endif
 
-// Chunks whose pair sums add up in 16 bits without overflow (|x| <= 128, u < 2^BITS).
+// Chunks whose pair sums add up in 16 bits without overflow (|x| <= 128, u <= MAX_U).
 template <int BITS>
-constexpr int IN16 = 32767 / (2 * 128 * ((1 << BITS) - 1));
+constexpr int IN16 = 32767 / (2 * 128 * MAX_U<BITS>);
 
 // Sums a chunk at a time in 32 bits (VNNI, or 8-bit weights' signed products), else in 16 first.
 template <int BITS>
@@ -112,6 +112,11 @@ inline void unpack(const uint8_t* q, int c, int h, __m256i& lo, __m256i& hi) {
         const __m256i low = _mm256_set1_epi8(0x0F), v = load(q + c * 64 + 32 * h);
         lo = _mm256_and_si256(v, low);
         hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        if constexpr (BITS == E2M1) {
+            const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(E2M1_TABLE)));
+            lo = _mm256_shuffle_epi8(table, lo);
+            hi = _mm256_shuffle_epi8(table, hi);
+        }
         if constexpr (TOP_PLANES<BITS>) {
             lo = _mm256_or_si256(lo, top_bits<BITS>(q + Q * 32, c, h));
             hi = _mm256_or_si256(hi, top_bits<BITS>(q + Q * 32, c + Q / 2, h));
@@ -154,7 +159,7 @@ struct TileFloats {
         if constexpr (TOP_PLANES<BITS>) unpacked.resize(std::max(unpacked.size(), 2 * groups * Q));
         bytes = TOP_PLANES<BITS> ? unpacked.data() : nullptr;
         const uint8_t* q = w.q + t * w.tile_bytes();
-        for (size_t g = 0; g < groups; g++, q += Q * BITS * 8)
+        for (size_t g = 0; g < groups; g++, q += Q * STORED<BITS> * 8)
             for (int h = 0; h < 2; h++) {
                 __m256 s, o;
                 group_floats(w, t, g, groups, h, s, o);
@@ -196,8 +201,8 @@ void half_kernel(const Weights& w, const Activations& a, const TileFloats<BITS, 
     __m256 acc[H][MB];
     for (int j = 0; j < H; j++)
         for (int m = 0; m < MB; m++) acc[j][m] = _mm256_setzero_ps();
-    for (size_t g = 0; g < groups; g++, q += Q * BITS * 8, x4 += Q, d++, xc++, xsum++) {
-        if (!PREP) for (int l = 0; l < Q * BITS / 4; l++) _mm_prefetch(reinterpret_cast<const char*>(q) + w.prefetch + 64 * l, _MM_HINT_T0);
+    for (size_t g = 0; g < groups; g++, q += Q * STORED<BITS> * 8, x4 += Q, d++, xc++, xsum++) {
+        if (!PREP) for (int l = 0; l < Q * STORED<BITS> / 4; l++) _mm_prefetch(reinterpret_cast<const char*>(q) + w.prefetch + 64 * l, _MM_HINT_T0);
         __m256i s[C][H][MB], p[C][H][MB];
         for (int i = 0; i < C; i++)
             for (int j = 0; j < H; j++)

@@ -89,6 +89,11 @@ inline void unpack(const uint8_t* q, int c, __m512i& lo, __m512i& hi) {
             lo = _mm512_and_si512(v, low);
             hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
         }
+        if constexpr (BITS == E2M1) {
+            const __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(E2M1_TABLE)));
+            lo = _mm512_shuffle_epi8(table, lo);
+            hi = _mm512_shuffle_epi8(table, hi);
+        }
     }
 }
 
@@ -97,7 +102,7 @@ inline void unpack(const uint8_t* q, int c, __m512i& lo, __m512i& hi) {
 // prefetching alone (Emerald Rapids).
 template <int BITS, int Q>
 inline void prefetch_ahead(const Weights& w, const uint8_t* q) {
-    for (int l = 0; l < Q * BITS / 4; l++) _mm_prefetch(reinterpret_cast<const char*>(q) + w.prefetch + 64 * l, _MM_HINT_T0);
+    for (int l = 0; l < Q * STORED<BITS> / 4; l++) _mm_prefetch(reinterpret_cast<const char*>(q) + w.prefetch + 64 * l, _MM_HINT_T0);
 }
 
 // The group's integer sums (256 s1 + s2 in two planes) into a row's accumulator.
@@ -124,7 +129,7 @@ void tile_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, co
         prefetch_ahead<BITS, Q>(w, q);
         __m512i u[Q];
         for (int c = 0; c < Q / 2; c++) unpack<BITS, Q>(q, c, u[c], u[c + Q / 2]);
-        q += Q * BITS * 8;
+        q += Q * STORED<BITS> * 8;
         __m512 scale, offset;
         group_floats(w, t, g, groups, scale, offset);
         for (int m = 0; m < MB; m++) {
@@ -170,7 +175,7 @@ struct PairTiles {
         bytes = TOP_PLANES<BITS> ? unpacked.data() : nullptr;
         for (size_t j = 0; j < 2; j++) {
             const uint8_t* q = w.q + (t + j) * w.tile_bytes();
-            for (size_t g = 0; g < groups; g++, q += Q * BITS * 8) {
+            for (size_t g = 0; g < groups; g++, q += Q * STORED<BITS> * 8) {
                 __m512 s, o;
                 group_floats(w, t + j, g, groups, s, o);
                 _mm512_storeu_ps(&scale[(j * groups + g) * 16], s);
@@ -230,7 +235,7 @@ void pair_kernel(const Weights& w, const Activations& a, const PairTiles<BITS, Q
                 }
         }
         for (int j = 0; j < 2; j++) {
-            q[j] += Q * BITS * 8;
+            q[j] += Q * STORED<BITS> * 8;
             const __m512 scale = _mm512_loadu_ps(f.scale + (j * groups + g) * 16);
             const __m512 offset = w.offset ? _mm512_loadu_ps(f.offset + (j * groups + g) * 16) : _mm512_setzero_ps();
             for (int m = 0; m < MB; m++) {

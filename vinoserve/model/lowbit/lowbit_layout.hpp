@@ -62,8 +62,22 @@ struct Weights {
     bool f16;
     int bits, group, bias, centre, block_shift, factor_bits;  // block_shift < 0: plain floats
     size_t n, k, prefetch;
+    bool e2m1 = false;  // 4-bit codes read through E2M1_TABLE (MXFP4's), not 4-bit integers
     size_t tile_bytes() const { return 16 * k * bits / 8; }
 };
+
+// MXFP4's values (gpt-oss' experts: E2M1 codes, sign, two exponent bits and one mantissa bit) are
+// no 4-bit integers, but doubled they are integers in [-12, 12]: a kernel path of its own (BITS
+// E2M1) keeps the codes in the 4-bit layout, 4 bits a weight where the integers took 5, and reads
+// each through a table as its doubled value plus 12 (unsigned, bias 12; pack.py writes the codes).
+constexpr int E2M1 = 3;
+constexpr int8_t E2M1_TABLE[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+
+// The bits a path's weight takes in memory, and its unsigned integers' largest value.
+template <int BITS>
+constexpr int STORED = BITS == E2M1 ? 4 : BITS;
+template <int BITS>
+constexpr int MAX_U = BITS == E2M1 ? 24 : (1 << BITS) - 1;
 
 // 5- and 6-bit weights keep their bits above the low four in 64-byte planes after those: per
 // chunk one bit (5: bit c % 8 of plane c / 8) or two (6: bits 2(c % 4) of plane c / 4).

@@ -58,7 +58,8 @@ Activations quantize(const float* x, size_t rows, const Weights& w, int planes, 
 }
 
 template <int P>
-TileFn pick_planes(int bits, int group) {
+TileFn pick_planes(int bits, int group, bool e2m1) {
+    if (e2m1) return bits == 4 && group == 32 ? run_tile<E2M1, 8, P> : nullptr;
     if (bits == 4 && group == 32) return run_tile<4, 8, P>;
     if (bits == 4 && group == 16) return run_tile<4, 4, P>;
     if (bits == 5 && group == 32) return run_tile<5, 8, P>;
@@ -69,8 +70,8 @@ TileFn pick_planes(int bits, int group) {
     return nullptr;
 }
 
-TileFn pick(int bits, int group, int planes) {
-    return planes == 1 ? pick_planes<1>(bits, group) : planes == 2 ? pick_planes<2>(bits, group) : nullptr;
+TileFn pick(int bits, int group, int planes, bool e2m1 = false) {
+    return planes == 1 ? pick_planes<1>(bits, group, e2m1) : planes == 2 ? pick_planes<2>(bits, group, e2m1) : nullptr;
 }
 
 // Rows of x taken in one count of planes: their activations, and where their outputs go.
@@ -85,7 +86,7 @@ struct RowSet {
 RowSet row_set(const float* x, const Weights& w, size_t rows, int planes, std::vector<size_t> picked, const Outputs& y) {
     const size_t count = picked.empty() ? rows : picked.size();
     RowSet set{quantize(x, count, w, planes, picked.empty() ? nullptr : picked.data()), count,
-               pick(w.bits, w.group, planes), y, std::move(picked)};
+               pick(w.bits, w.group, planes, w.e2m1), y, std::move(picked)};
     set.y.rows = set.picked.empty() ? nullptr : set.picked.data();
     return set;
 }

@@ -24,6 +24,25 @@ def unsigned(packed: np.ndarray, rows: int, k: int, bits: int, signed: bool) -> 
     return data ^ 0x80 if signed else data
 
 
+# MXFP4's E2M1 values doubled (weights.py keeps them so, as int8), by code; the kernel reads a
+# code through lowbit_layout.hpp's E2M1_TABLE as the value plus E2M1_BIAS
+E2M1_DOUBLED = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int16)
+E2M1_BIAS = 12
+_E2M1_CODE = np.full(256, 255, np.uint8)  # int8 + 128 -> its code (255: none; 0 is code 0, not -0's 8)
+_E2M1_CODE[E2M1_DOUBLED[::-1] + 128] = np.arange(15, -1, -1)
+
+
+def e2m1_codes(u: np.ndarray) -> np.ndarray | None:
+    """uint8 [rows, k] (int8 + 128) -> each value's E2M1 code, where every value is a doubled
+    E2M1 value (an MXFP4 tensor's), else None. Exact: the codes give the values back."""
+    codes = np.empty_like(u)
+    for r in range(0, len(u), 4096):  # slices: no full-size temporaries beyond the codes
+        codes[r:r + 4096] = _E2M1_CODE[u[r:r + 4096]]
+        if (codes[r:r + 4096] == 255).any():
+            return None
+    return codes
+
+
 def pack_weights(u: np.ndarray, bits: int, group: int) -> np.ndarray:
     """uint8 [rows, k] (values < 2**bits; 4, 5, 6 or 8 bits) -> the tiled bytes, rows padded to a
     multiple of 16."""

@@ -252,11 +252,15 @@ def packed(q: ov.Node, scale: ov.Node, offset: ov.Node | None) -> tuple[list[np.
     signed = _SIGNED[q.get_element_type()]
     bias = (1 << (bits - 1)) if signed else 0
     u = pack.unsigned(q.get_data(), rows, k, bits, signed)
-    if bits == 8 and signed and (narrow := _narrow_bits(u, group)) < 8:  # 5- and 6-bit values widened to int8
+    e2m1 = False
+    if bits == 8 and signed and group == 32 and (codes := pack.e2m1_codes(u)) is not None:  # MXFP4's, doubled
+        u, bits, bias, e2m1 = codes, 4, pack.E2M1_BIAS, True
+    elif bits == 8 and signed and (narrow := _narrow_bits(u, group)) < 8:  # 5- and 6-bit values widened to int8
         bits, bias = narrow, 1 << (narrow - 1)
         u -= 128 - bias
     floats, layout = _float_inputs(scale, offset, rows, groups, group)
-    return [pack.pack_weights(u, bits, group), *floats], {"k": k, "bits": bits, "group": group, "bias": bias, **layout}
+    return [pack.pack_weights(u, bits, group), *floats], {"k": k, "bits": bits, "group": group, "bias": bias,
+                                                          "e2m1": int(e2m1), **layout}
 
 
 def _lowbit_node(factory: NodeFactory, x: ov.Output, q: ov.Node, scale: ov.Node, offset: ov.Node | None,
