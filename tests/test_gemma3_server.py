@@ -26,6 +26,7 @@ from transformers import (
     Gemma3ImageProcessorPil,
     SiglipVisionConfig,
 )
+from vision_clients import random_png
 from vision_fixtures import HALF, with_text_model, write_mmproj
 
 VOCAB = Vocab(TOKENS + ["<image_soft_token>", "<start_of_image>", "<end_of_image>"],
@@ -35,13 +36,6 @@ ROWS = 16  # 8x8 patches pooled 2x2
 BEFORE, AFTER = "the t " * 6, " he th" * 12
 MAX_TOKENS = 6
 LOGPROB_ATOL = 1e-3  # f32 on both sides
-
-
-def _png(seed: int) -> str:
-    pixels = np.random.default_rng(seed).integers(0, 256, (37, 50, 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, "PNG")
-    return base64.b64encode(out.getvalue()).decode()
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +106,7 @@ def test_chat_with_an_image_equals_transformers_and_a_repeat_reuses_its_blocks(g
                                               max_tokens=MAX_TOKENS, temperature=0, logprobs=True,
                                               extra_body={"ignore_eos": True})
 
-    png = _png(1)
+    png = random_png(1)
     reply = chat(png)
     _assert_as_hf(reply, _hf_reply(hf, srv, png))
     again = chat(png)
@@ -129,7 +123,7 @@ def test_chat_with_an_image_equals_transformers_and_a_repeat_reuses_its_blocks(g
 
 def test_two_images_in_one_message_each_attending_both_ways_equal_transformers(gemma3):
     hf, srv = gemma3
-    pngs = _png(5), _png(6)
+    pngs = random_png(5), random_png(6)
     content = [{"type": "text", "text": BEFORE}]
     for png in pngs:
         content += [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},

@@ -23,7 +23,7 @@ from transformers import (
     Qwen2_5_VLForConditionalGeneration,
     Qwen2VLImageProcessorPil,
 )
-from vision_clients import other_clients
+from vision_clients import other_clients, random_png
 from vision_fixtures import CLIP_MEAN, CLIP_STD, with_text_model, write_mmproj
 
 VOCAB = Vocab(TOKENS + ["<|image_pad|>", "<|vision_start|>", "<|vision_end|>"], [1] * (len(TOKENS) - 2) + [3] * 5,
@@ -34,13 +34,6 @@ PIXELS = (56 * 56, 28 * 28 * 16)  # written into the mmproj and given to HF's pr
 BEFORE, AFTER = "the t " * 6, " he th" * 12
 MAX_TOKENS = 6
 LOGPROB_ATOL = 1e-3  # f32 on both sides
-
-
-def _png(seed: int, size: tuple[int, int] = (50, 37)) -> str:
-    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, "PNG")
-    return base64.b64encode(out.getvalue()).decode()
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +91,7 @@ def test_chat_with_an_image_equals_transformers_and_a_repeat_reuses_its_blocks(q
                                               temperature=0, logprobs=True, extra_body={"ignore_eos": True})
 
     for seed, size in ((1, (50, 37)), (2, (30, 90))):  # 2 x 3 rows; 4 x 2 (HF's smart resize, both)
-        png = _png(seed, size)
+        png = random_png(seed, size)
         reply = chat(png)
         text, logprobs, ids = _hf_reply(hf, srv, png)
         start = ids.index(IMAGE_TOKEN)
@@ -116,7 +109,7 @@ def test_two_images_of_other_shapes_in_one_message_equal_transformers(qwen):
     """The text after the first image and the whole second image sit at positions M-RoPE moved."""
     hf, srv = qwen
     client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
-    pngs = _png(5, (30, 90)), _png(6, (50, 37))
+    pngs = random_png(5, (30, 90)), random_png(6, (50, 37))
     reply = client.chat.completions.create(model="tiny-qwen", messages=_messages(*pngs), max_tokens=MAX_TOKENS,
                                            temperature=0, logprobs=True, extra_body={"ignore_eos": True})
     text, logprobs, ids = _hf_reply(hf, srv, *pngs)
@@ -128,7 +121,7 @@ def test_two_images_of_other_shapes_in_one_message_equal_transformers(qwen):
 
 def test_responses_and_anthropic_clients_send_images_too(qwen):
     _, srv = qwen
-    png = _png(4)
+    png = random_png(4)
     client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
     chat = client.chat.completions.create(model="tiny-qwen", messages=_messages(png), max_tokens=MAX_TOKENS,
                                           temperature=0).choices[0].message.content

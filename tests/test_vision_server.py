@@ -25,20 +25,13 @@ from transformers import (
     LlavaConfig,
     LlavaForConditionalGeneration,
 )
-from vision_clients import other_clients
+from vision_clients import other_clients, random_png
 from vision_fixtures import CLIP_MEAN, CLIP_STD, with_text_model, write_mmproj
 
 VOCAB = Vocab(TOKENS + ["<image>"], [1] * (len(TOKENS) - 2) + [3, 3, 3], EOS_ID)
 IMAGE_TOKEN = len(TOKENS)
 BEFORE, AFTER = "the t " * 8, " he th" * 6  # text around the image: the image's rows fall in full blocks
 MAX_TOKENS = 6
-
-
-def _png(seed: int, size: tuple[int, int] = (50, 37)) -> str:
-    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, "PNG")
-    return base64.b64encode(out.getvalue()).decode()
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +85,7 @@ def _chat(srv: ServerProcess, messages: list[dict], model: str = "tiny-llava", *
 
 def test_chat_with_an_image_equals_transformers_and_its_blocks_are_reused(llava):
     hf, srv = llava
-    first, other = _png(1), _png(2)
+    first, other = random_png(1), random_png(2)
     reply = _chat(srv, _messages(first), extra_body={"ignore_eos": True})
     assert reply.choices[0].message.content == _hf_reply(hf, srv, first)
     again = _chat(srv, _messages(first), extra_body={"ignore_eos": True})
@@ -109,7 +102,7 @@ def test_two_images_in_one_message_equal_transformers(llava):
     """Compared by logprobs (1e-3, f32 both sides): a random model's bytes need not be UTF-8, and
     text streamed in pieces and decoded whole may replace them differently."""
     hf, srv = llava
-    pngs = _png(5), _png(6, (40, 60))
+    pngs = random_png(5), random_png(6, (40, 60))
     content = [{"type": "text", "text": BEFORE}]
     for png in pngs:
         content += [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
@@ -136,7 +129,7 @@ def _logprobs(out, prompt_len: int) -> list[float]:
 
 def test_responses_and_anthropic_clients_send_images_too(llava):
     _, srv = llava
-    png = _png(4)
+    png = random_png(4)
     chat = _chat(srv, _messages(png)).choices[0].message.content
     response, message = other_clients(srv.url, "tiny-llava", png, BEFORE, AFTER, MAX_TOKENS)
     assert response.output_text == message.content[0].text == chat
@@ -148,12 +141,12 @@ def test_responses_and_anthropic_clients_send_images_too(llava):
 def test_bad_images_are_400s_naming_the_part(llava):
     _, srv = llava
     cases = [(base64.b64encode(b"not an image at all").decode(), "cannot be used"),
-             (_png(5)[:200], "cannot be used")]  # a truncated PNG
+             (random_png(5)[:200], "cannot be used")]  # a truncated PNG
     for data, words in cases:
         with pytest.raises(openai.BadRequestError) as e:
             _chat(srv, _messages(data))
         assert words in e.value.body["message"] and e.value.body["param"] == "messages.0.content.1"
-    messages = _messages(_png(6))
+    messages = _messages(random_png(6))
     messages[0]["content"][1]["image_url"]["url"] = "https://example.com/cat.png"
     with pytest.raises(openai.BadRequestError) as e:
         _chat(srv, messages)
@@ -163,11 +156,11 @@ def test_bad_images_are_400s_naming_the_part(llava):
         claude.messages.create(model="tiny-llava", max_tokens=4, messages=[{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
     assert e.value.body["type"] == "error" and "cannot be used" in e.value.body["error"]["message"]
-    assert _chat(srv, _messages(_png(7))).choices[0].message.content is not None  # the server goes on
+    assert _chat(srv, _messages(random_png(7))).choices[0].message.content is not None  # the server goes on
 
 
 def test_a_text_model_refuses_images_in_every_api(api_server, api_client):
-    png = _png(8)
+    png = random_png(8)
     with pytest.raises(openai.BadRequestError) as e:
         api_client.chat.completions.create(model="smollm2-135m-instruct", messages=_messages(png), max_tokens=2)
     assert "takes no images" in e.value.body["message"] and e.value.body["param"] == "messages.0.content.1"
@@ -187,7 +180,7 @@ def test_chat_page_takes_a_dropped_image(llava):
     from test_chat_ux import CHROMIUM, _browser
 
     _, srv = llava
-    png = _png(9)
+    png = random_png(9)
     with _browser() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
         try:
@@ -247,7 +240,7 @@ def test_smolvlm_tiles_an_image_as_transformers_does(smolvlm):
     from transformers import Idefics3ImageProcessorPil
 
     hf, srv = smolvlm
-    png = _png(10, (60, 45))  # over 32 px: a 2 x 2 grid of tiles and the whole image
+    png = random_png(10, (60, 45))  # over 32 px: a 2 x 2 grid of tiles and the whole image
     ids = _tokens(srv, png)
     assert ids.count(IMAGE_TOKEN) == 5 * 4  # five frames of (32 / 8 / 2)^2 rows
     image = Image.open(io.BytesIO(base64.b64decode(png)))
@@ -266,7 +259,7 @@ def test_smolvlm_takes_two_tiled_images_in_one_message_as_transformers_does(smol
     from transformers import Idefics3ImageProcessorPil
 
     hf, srv = smolvlm
-    pngs = _png(11, (60, 45)), _png(12, (40, 70))
+    pngs = random_png(11, (60, 45)), random_png(12, (40, 70))
     content = [{"type": "text", "text": BEFORE}]
     for png in pngs:
         content += [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},

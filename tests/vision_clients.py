@@ -1,10 +1,23 @@
-"""One image between two texts, sent through the Responses API (openai SDK) and Anthropic's
-Messages API (anthropic SDK) to a served vision model, greedy: what the vision server tests
-compare with the chat reply."""
+"""What the vision server tests send: random PNG images, and one image between two texts through
+the Responses API (openai SDK) and Anthropic's Messages API (anthropic SDK) to a served vision
+model, greedy, to compare with the chat reply."""
 from __future__ import annotations
 
+import base64
+import io
+
 import anthropic
+import numpy as np
 import openai
+from PIL import Image
+
+
+def random_png(seed: int, size: tuple[int, int] = (50, 37)) -> str:
+    """A PNG of random pixels, (width, height), base64."""
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "PNG")
+    return base64.b64encode(out.getvalue()).decode()
 
 
 def other_clients(url: str, model: str, png: str, before: str, after: str, max_tokens: int):

@@ -37,7 +37,9 @@ class ClassDefaults:
     lowbit_coarse: str = "gate_up"
     # A mixture of experts takes `lowbit_main`'s one compilation even where dense models do not:
     # its experts' products on the kernel's LowBitExperts (each routed expert read once for all of
-    # its rows), one copy of the experts where the decode model would hold a second.
+    # its rows), one copy of the experts where the decode model would hold a second. On AMX, OLMoE
+    # Q4_0: prompts 2.9x llama.cpp where the bf16 compilation's GatherMatmul made 0.7x, decode
+    # 2.4x (benchmarks/results/2026-12-03-moe-kernel.md).
     lowbit_main_experts: bool = False
 
 
