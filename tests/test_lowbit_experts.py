@@ -74,7 +74,8 @@ def test_each_experts_rows_get_the_kernels_arithmetic_on_its_matrix(kernel, grou
     model, scaled, offsets = _experts(rng, group, scale_type, offset, element, e2m1)
     compiled = _compile(model)
     node, = (n for n in model.get_ordered_ops() if n.get_type_name() == lowbit.experts.OP)
-    assert (node.get_attributes()["e2m1"], node.get_attributes()["bits"] == 4) == (int(e2m1), e2m1 or element.bitwidth == 4)
+    attributes = node.get_attributes()
+    assert (attributes["e2m1"], attributes["bits"] == 4) == (int(e2m1), e2m1 or element.bitwidth == 4)
     x = rng.standard_normal((sum(COUNTS), K)).astype(np.float32)
     ends = np.cumsum(COUNTS).astype(np.int32)
     y = compiled({"x": x, "ends": ends})[0]
@@ -107,7 +108,8 @@ def test_two_planes_come_near_f32_and_no_rows_is_no_output(kernel):
     for planes, tolerance in ((2, 1e-4), (1, 3e-2)):
         y = compiled({"x": x, "ends": ends, "planes": np.array(planes, np.int32)})[0]
         assert np.abs(y - expected).max() <= tolerance * np.abs(expected).max()
-    empty = compiled({"x": np.zeros((0, K), np.float32), "ends": np.zeros(E, np.int32), "planes": np.array(1, np.int32)})
+    empty = compiled({"x": np.zeros((0, K), np.float32), "ends": np.zeros(E, np.int32),
+                      "planes": np.array(1, np.int32)})
     assert empty[0].shape == (0, N)
 
 

@@ -100,7 +100,10 @@ class PagedModel:
         plugin = "on the plugin's GatherMatmul (routed experts only; a prompt's one per token and expert)"
         if not n:
             return ""
-        if self.main_kernel.experts:
+        if self.main_kernel.experts:  # those whose rows are not whole tiles of 16 stay the plugin's
+            done = self.main_kernel.experts
+            if done < n:
+                return f"{done} of {n} expert products {kernel}, the rest {plugin}"
             return f"{n} expert products {kernel}"
         if self.decode_graph is not None and self.decode_graph.experts:
             return f"{n} expert products {plugin}, the decode model's {kernel}"

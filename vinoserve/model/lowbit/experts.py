@@ -14,7 +14,8 @@ from vinoserve.model.lowbit.rewrite import decompression, packed
 OP = "LowBitExperts"
 
 
-def replace_experts(model: ov.Model, factory: NodeFactory, planes: ov.Output | None = None, prefetch: int = 1024) -> int:
+def replace_experts(model: ov.Model, factory: NodeFactory, planes: ov.Output | None = None,
+                    prefetch: int = 1024) -> int:
     """In place. Returns how many expert products now run on the kernel, x quantized in one int8
     plane or (`planes` given) as many as that scalar says."""
     count = 0
