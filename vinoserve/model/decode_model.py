@@ -56,8 +56,8 @@ def has_low_bit_matmuls(model: ov.Model) -> bool:
 def packed_copy_bytes(model: ov.Model) -> int:
     """About what a compilation's packed weights take: the constants every MatMul and expert
     product multiplies by (through their Convert, scale and offset nodes), low-bit integers as
-    they are, f16 scales widened to f32 (the plugin's packing, cpu-decode.md section 2), f32 scales and block offsets
-    as they are. A token table read only by a Gather is read in place, not packed."""
+    they are, f16 scales widened to f32 (the plugin's packing, cpu-decode.md section 2), f32 scales
+    and block offsets as they are. A token table read only by a Gather is read in place, not packed."""
     total, seen = 0, set()
     for node in model.get_ordered_ops():
         if node.get_type_name() in (lowbit.OP, lowbit.experts.OP):  # its weights, scales and offsets as they are

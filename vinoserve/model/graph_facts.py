@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import openvino as ov
 
+from vinoserve.model import moe
 from vinoserve.model.errors import ModelLoadError
 
 # PagedAttentionExtension's inputs (openvino 2026.4): q, k, v, key_cache.N, value_cache.N, past_lens,
@@ -56,8 +57,7 @@ def read_graph_facts(model: ov.Model) -> GraphFacts:
                              f"{next(v for v in kv.values() if v != kv[0])})")
     heads, head_size = kv[0]
     windows = tuple(_sliding_window(layers[i]) for i in range(len(layers)))
-    # not the block minimums' products of group sums beside them (moe._product)
-    experts = sum(node.get_type_name() == "GroupedMatMul" and node.input_value(0).get_node().get_type_name() != "ReduceSum"
+    experts = sum(node.get_type_name() == "GroupedMatMul" and not moe.is_minimums_product(node)
                   for node in model.get_ordered_ops())
     return GraphFacts(len(layers), heads, head_size, _vocab_size(model), windows if any(windows) else (), experts)
 

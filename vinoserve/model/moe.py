@@ -105,6 +105,12 @@ def _by_expert(experts: ov.Output, count: int) -> tuple[ov.Output, ov.Output]:
     return order, ops.cumsum(per_expert, const(0, np.int32)).output(0)
 
 
+def is_minimums_product(node: ov.Node) -> bool:
+    """Whether a GroupedMatMul is `_product`'s second one (group sums times block minimums), not
+    an expert product of its own."""
+    return node.get_type_name() == "GroupedMatMul" and node.input_value(0).get_node().get_type_name() == "ReduceSum"
+
+
 def _product(rows: ov.Output, m: ExpertMatrices, ends: ov.Output) -> ov.Output:
     """Each row times its expert's matrix; with offsets, plus the per-group sums of the row times
     them: x . w = sum_g scale_g (x_g . q_g) + sum_g offset_g sum(x_g), exactly."""

@@ -36,8 +36,8 @@ def use_kernel(model: ov.Model, core: ov.Core, planes: ov.Output | None = None, 
     in two on the `sampled` rows only, where given: rewrite.replace_matmuls); weights prefetched
     `prefetch` bytes ahead; with `gathers`, its low-bit token table's rows read by the library's
     gather (rewrite.replace_gathers). Experts' products go to the kernel too (experts.py), in as
-many planes as x. Returns how many MatMuls and expert products; raises Unavailable (the model untouched) where it
-    cannot be built or run here."""
+    many planes as x. Returns how many MatMuls and expert products; raises Unavailable (the model
+    untouched) where it cannot be built or run here."""
     path = str(library())
     core.add_extension(path)  # again on the same core is harmless
     factory = NodeFactory()

@@ -8,6 +8,7 @@ import openvino as ov
 import openvino.opset13 as ops
 from openvino.utils.node_factory import NodeFactory
 
+from vinoserve.model import moe
 from vinoserve.model.lowbit import pack
 from vinoserve.model.lowbit.rewrite import decompression, packed
 
@@ -57,7 +58,7 @@ def _offset_product(node: ov.Node) -> tuple[ov.Node | None, ov.Node | None]:
         return None, None
     add = targets[0]
     other = next(v.get_node() for v in add.input_values() if v.get_node().get_instance_id() != node.get_instance_id())
-    if other.get_type_name() != "GroupedMatMul" or other.input_value(2) != node.input_value(2):
+    if not moe.is_minimums_product(other) or other.input_value(2) != node.input_value(2):
         return None, None
     offsets = other.input_value(1).get_node()
     if offsets.get_type_name() != "Constant" or offsets.get_element_type() != ov.Type.f32:

@@ -34,7 +34,17 @@ struct WeightAttributes {
         v.on_attribute("e2m1", e2m1);
     }
 
-    void check(const ov::Node* node) const {
+    // The attributes, and the inputs from the scales on: `scales` (then offsets where `floats` is 2),
+    // and the planes input last where planes is 0.
+    void check(const ov::Node* node, size_t scales_input, size_t floats) const {
+        const auto scales = node->get_input_element_type(scales_input);
+        NODE_VALIDATION_CHECK(node, floats == 1 || floats == 2, "weights, scales [, offsets] after x");
+        NODE_VALIDATION_CHECK(node, scales == ov::element::u8 || (!block && scales == ov::element::f32),
+                              "scales are f32, or bytes: f16s or (block > 0) their factors");
+        NODE_VALIDATION_CHECK(node, floats == 1 || node->get_input_element_type(scales_input + 1) == scales,
+                              "offsets are of the scales' type");
+        NODE_VALIDATION_CHECK(node, planes != 0 || node->get_input_element_type(node->get_input_size() - 1) == ov::element::i32,
+                              "planes is an i32 input");
         NODE_VALIDATION_CHECK(node, pick(bits, group, 1, e2m1) != nullptr, "unsupported bits/group ", bits, "/", group,
                               e2m1 ? " for E2M1 codes" : "");
         NODE_VALIDATION_CHECK(node, k % group == 0, "k is not a multiple of the group");

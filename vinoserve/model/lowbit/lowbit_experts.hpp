@@ -31,9 +31,8 @@ public:
     LowBitExperts() = default;
 
     void validate_and_infer_types() override {
-        m_w.check(this);
+        m_w.check(this, 3, float_inputs());  // x, ends, weights, scales [, offsets] [, planes]
         NODE_VALIDATION_CHECK(this, m_experts > 0 && m_w.n > 0 && m_w.n % 16 == 0, "n is whole tiles of 16 rows an expert");
-        NODE_VALIDATION_CHECK(this, float_inputs() == 1 || float_inputs() == 2, "x, ends, weights, scales [, offsets] [, planes]");
         NODE_VALIDATION_CHECK(this, get_input_element_type(1) == ov::element::i32, "ends are i32");
         auto shape = get_input_partial_shape(0);
         NODE_VALIDATION_CHECK(this, shape.rank().is_static() && shape.size() == 2 && shape[1].compatible(m_w.k), "x is [rows, k]");

@@ -44,19 +44,12 @@ public:
     LowBitMatMul() = default;
 
     void validate_and_infer_types() override {
-        m_w.check(this);
         NODE_VALIDATION_CHECK(this, m_sampled == 0 || m_sampled == 1, "sampled is 0 or 1");
-        NODE_VALIDATION_CHECK(this, float_inputs() == 1 || float_inputs() == 2, "x, weights, scales [, offsets] [, sampled] [, planes]");
-        NODE_VALIDATION_CHECK(this, m_w.planes != 0 || get_input_element_type(get_input_size() - 1) == ov::element::i32,
-                              "planes is an i32 input");
+        m_w.check(this, 2, float_inputs());  // x, weights, scales [, offsets] [, sampled] [, planes]
         // i64 as the graph gives them, i32 as the plugin's precision pass may leave them
         NODE_VALIDATION_CHECK(this, m_sampled == 0 || (m_w.planes == 0 && (get_input_element_type(sampled_input()) == ov::element::i64 ||
                                                                          get_input_element_type(sampled_input()) == ov::element::i32)),
                               "sampled goes with the planes input, the sampled rows' indices before it");
-        const auto scales = get_input_element_type(2);
-        NODE_VALIDATION_CHECK(this, scales == ov::element::u8 || (!m_w.block && scales == ov::element::f32),
-                              "scales are f32, or bytes: f16s or (block > 0) their factors");
-        NODE_VALIDATION_CHECK(this, float_inputs() == 1 || get_input_element_type(3) == scales, "offsets are of the scales' type");
         auto shape = get_input_partial_shape(0);
         NODE_VALIDATION_CHECK(this, shape.rank().is_static() && shape[shape.size() - 1].compatible(m_w.k), "x's last dimension is not k");
         const std::vector<int64_t> parts = this->parts();
