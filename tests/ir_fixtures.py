@@ -26,7 +26,17 @@ ARCHITECTURES = {
                     "query_pre_attn_scalar": 16},
     "phi3": {"partial_rotary_factor": 0.75, "pad_token_id": 0},
     "mistral": {"sliding_window": WINDOW},
+    # Mixtures of experts, as optimum-intel exports them (the tiled block the plugin gathers):
+    # eight experts, top-k > 1; Qwen2-MoE's shared expert; gpt-oss' biases, attention sinks and
+    # sliding window on every other layer. (optimum-intel 2.1 exports no OLMoE.)
+    "qwen3_moe": {"num_experts": 8, "num_experts_per_tok": 3, "moe_intermediate_size": 48, "norm_topk_prob": True},
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2},
+    "qwen2_moe": {"num_experts": 8, "num_experts_per_tok": 3, "moe_intermediate_size": 48,
+                  "shared_expert_intermediate_size": 40},
+    "gpt_oss": {"num_local_experts": 8, "num_experts_per_tok": 3, "sliding_window": WINDOW,
+                "layer_types": ["sliding_attention", "full_attention"]},
 }
+MOE_ARCHITECTURES = ("qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss")
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from vinoserve.scheduler.scheduler import SchedulerConfig
 
 pytestmark = pytest.mark.ir
 F32 = CompileOptions(inference_precision="f32", kv_cache_precision="f32")
-WINDOWS = {"qwen2": (0, WINDOW), "gemma3_text": (WINDOW, 0), "mistral": (WINDOW, WINDOW)}
+WINDOWS = {"qwen2": (0, WINDOW), "gemma3_text": (WINDOW, 0), "mistral": (WINDOW, WINDOW), "gpt_oss": (WINDOW, 0)}
 
 
 def _engine(model: str, **kwargs) -> LLMEngine:

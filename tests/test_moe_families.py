@@ -66,7 +66,13 @@ def staggered_case(hf, path, seed: int) -> tuple:
 def test_greedy_equals_hf_over_staggered_prompts(moe_families, name):
     """Each family's routing defaults, attention and shared experts, token for token (dropping
     any one of them was seen to change the tokens)."""
-    hf, path, prompts, reference = moe_families(name)
+    _, path, prompts, reference = moe_families(name)
+    assert_greedy_with_prefix_hits(path, prompts, reference)
+
+
+def assert_greedy_with_prefix_hits(path: str, prompts: list[list[int]], reference) -> None:
+    """staggered_case's prompts through the engine at f32: `reference`, prompts 3 and 5 starting
+    from prompt 1's cached blocks."""
     engine = _engine(path)
     assert _run(engine, prompts) == reference
     assert engine.blocks.prefix.num_hit_tokens >= 64, "prompts 3 and 5 should start from prompt 1's blocks"

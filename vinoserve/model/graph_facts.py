@@ -33,7 +33,7 @@ class GraphFacts:
     vocab_size: int
     # Per layer, in tokens, query included (0: the whole context); empty when no layer has one.
     sliding_windows: tuple[int, ...]
-    expert_products: int = 0  # a mixture of experts' products (model/moe.py's GroupedMatMul nodes)
+    expert_products: int = 0  # a mixture of experts' products (moe.is_expert_product)
 
     @property
     def has_sliding_windows(self) -> bool:
@@ -57,8 +57,7 @@ def read_graph_facts(model: ov.Model) -> GraphFacts:
                              f"{next(v for v in kv.values() if v != kv[0])})")
     heads, head_size = kv[0]
     windows = tuple(_sliding_window(layers[i]) for i in range(len(layers)))
-    experts = sum(node.get_type_name() == "GroupedMatMul" and not moe.is_minimums_product(node)
-                  for node in model.get_ordered_ops())
+    experts = sum(map(moe.is_expert_product, model.get_ordered_ops()))
     return GraphFacts(len(layers), heads, head_size, _vocab_size(model), windows if any(windows) else (), experts)
 
 

@@ -12,10 +12,11 @@ op (ConvertGroupedMatMulToGatherMatmul), which reads only the routed experts and
 experts compressed (GatherMatmulCompressed) behind weights.py's decompression chain, but
 multiplies each (token, expert) pair on its own: at f32 6x below a dense product of the same
 FLOPs, at bf16 a fixed ~40 ms a call for 64 experts (one thread, OLMoE-1B-7B's sizes, i4); the
-kernel's figures: benchmarks/results/2026-12-03-moe-kernel.md. The tiled form optimum-intel
-exports (the tokens tiled over every expert, batched MatMuls, a [T, E] routing map) is fused only
-by newer plugins: on openvino 2026.4.1 it stayed batched FullyConnected over all experts in f32,
-f16, i8 and i4 with three router shapes tried, and its unfused i4 products were wrong.
+kernel's figures: benchmarks/results/2026-12-03-moe-kernel.md. optimum-intel's exports hold the
+tiled form instead (the tokens tiled over every expert, batched MatMuls against [E, N, K], a [T, E]
+routing map), which the plugin fuses into the same GatherMatmul where it recognises the block
+(ConvertTiledMoeBlockToGatherMatmuls): `is_expert_product` counts both forms, and the startup log
+says whether the plugin gathered them (paged.py).
 """
 from __future__ import annotations
 
@@ -103,6 +104,26 @@ def _by_expert(experts: ov.Output, count: int) -> tuple[ov.Output, ov.Output]:
     per_expert = ops.reduce_sum(ops.one_hot(flat, const(count, np.int32), const(1, np.int32), const(0, np.int32), -1),
                                 const([0]), keep_dims=False)
     return order, ops.cumsum(per_expert, const(0, np.int32)).output(0)
+
+
+def is_expert_product(node: ov.Node) -> bool:
+    """A GroupedMatMul of an expert's rows (not its block minimums'), or a MatMul against a stack
+    of expert matrices built from constants (optimum-intel's tiled form)."""
+    if node.get_type_name() == "GroupedMatMul":
+        return not is_minimums_product(node)
+    weights = node.get_input_partial_shape(1) if node.get_type_name() == "MatMul" else None
+    return weights is not None and weights.rank.is_static and weights.rank.get_length() == 3 \
+        and _from_constants(node.input_value(1))
+
+
+def _from_constants(output: ov.Output, depth: int = 6) -> bool:
+    """Whether only constants feed `output` (weights and their decompression: Convert, Subtract,
+    Multiply, Reshape), within `depth` ops."""
+    node = output.get_node()
+    if node.get_type_name() == "Constant":
+        return True
+    return depth > 0 and node.get_type_name() in ("Convert", "Subtract", "Multiply", "Reshape") \
+        and all(_from_constants(i, depth - 1) for i in node.input_values())
 
 
 def is_minimums_product(node: ov.Node) -> bool:

@@ -73,6 +73,7 @@ class PagedModel:
     decode: ov.CompiledModel | None = None
     decode_graph: decode_model.DecodeGraph | None = None  # the decode model's weights' size, its kernel
     main_kernel: MainKernel = MainKernel()
+    gathered: int = 0  # the main compilation's GatherMatmul ops (the plugin's fused expert products)
 
     @property
     def decode_tokens(self) -> int | None:
@@ -107,6 +108,10 @@ class PagedModel:
             return f"{n} expert products {kernel}"
         if self.decode_graph is not None and self.decode_graph.experts:
             return f"{n} expert products {plugin}, the decode model's {kernel}"
+        if self.gathered < n:  # a block the plugin's pattern did not match: warn, it is far slower
+            return (f"{n - self.gathered} of {n} expert products NOT gathered by the plugin: every token runs "
+                    f"through every expert (the plugin did not recognise this export's expert block; a "
+                    f"current optimum-intel's exports are)")
         return f"{n} expert products {plugin}"
 
     @property
@@ -222,7 +227,8 @@ def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None
     if decode is not None and _cache_layout(decode) != layout:
         raise ModelLoadError(f"the second compilation's KV cache layout differs from the main one's: "
                              f"{_cache_layout(decode)} vs {layout}")
-    return PagedModel(facts, compiled, options, layout, decode, decode_graph, kernel)
+    gathered = _count_layers(compiled, "GatherMatmul") if facts.expert_products else 0
+    return PagedModel(facts, compiled, options, layout, decode, decode_graph, kernel, gathered)
 
 
 def _resolve(options: CompileOptions, core: ov.Core, model: ov.Model) -> tuple[CompileOptions, MainKernel]:
@@ -250,6 +256,12 @@ def _one_token_clone(core: ov.Core, model: ov.Model, options: CompileOptions,
     except (RuntimeError, ModelLoadError) as e:
         return None, replace(kernel, one_token_error=last_line(e))
     return clone, replace(kernel, one_token_bytes=max(0, resident_bytes() - before))
+
+
+def _count_layers(compiled: ov.CompiledModel, layer_type: str) -> int:
+    """How many of the plugin's executable graph's nodes are of `layer_type`."""
+    return sum(node.get_rt_info()["layerType"].astype(str) == layer_type
+               for node in compiled.get_runtime_model().get_ops())
 
 
 def _compile(core: ov.Core, model: ov.Model, device: str, properties: dict[str, str]) -> ov.CompiledModel:
