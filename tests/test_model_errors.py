@@ -187,3 +187,29 @@ def test_a_chat_template_that_cannot_be_read_is_one_line_and_exit_1(tmp_path, ca
     assert main(["serve", "--chat-template", str(tmp_path / "missing.jinja")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("vinoserve: error: --chat-template") and "missing.jinja" in err and len(err.splitlines()) == 1
+
+
+def test_weights_that_cannot_fit_in_memory_are_one_line_and_exit_1(cache, tmp_path, monkeypatch, capsys):
+    """Refused before compiling (where the OOM killer would end the process with no line): the
+    GGUF's bytes against MemAvailable (or the container's room)."""
+    import vinoserve.model.loader as loader
+
+    model = write_gguf(tiny_hf_model("llama"), tmp_path / "tiny.gguf")
+    monkeypatch.setattr(loader, "reclaimable_room_bytes", lambda: 4096)
+    assert main(["generate", "--model", str(model), "hello"]) == 1
+    line = _one_error_line(capsys.readouterr().err)
+    assert line.startswith("vinoserve: error: ") and \
+        "the model's weights need at least 0.0 GiB of memory and 0.0 GiB is available" in line, line
+    monkeypatch.setattr(loader, "reclaimable_room_bytes", lambda: model.stat().st_size)  # enough
+    assert main(["generate", "--model", str(model), "--max-tokens", "2", "hello"]) == 0
+
+
+def test_reclaimable_room_is_memavailable_capped_by_the_cgroup(tmp_path, monkeypatch):
+    import vinoserve.memory as memory
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemFree:          100000 kB\nMemAvailable:   20000000 kB\n")
+    monkeypatch.setattr(memory, "cgroup_room_bytes", lambda *a, **k: None)
+    assert memory.reclaimable_room_bytes(meminfo) == 20000000 * 1024
+    monkeypatch.setattr(memory, "cgroup_room_bytes", lambda *a, **k: 2**30)
+    assert memory.reclaimable_room_bytes(meminfo) == 2**30

@@ -23,6 +23,17 @@ def available_memory_bytes(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = 
     return host if room is None else max(0, min(host, room))
 
 
+def reclaimable_room_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
+    """What this process could take if the kernel evicted every cache it can: the host's
+    MemAvailable (free memory plus reclaimable page cache), capped by the cgroup's room."""
+    try:
+        kib = next(int(line.split()[1]) for line in meminfo.read_text().splitlines() if line.startswith("MemAvailable:"))
+        host = kib * 1024
+    except (OSError, StopIteration, ValueError, IndexError):
+        host = host_free_bytes()
+    return available_memory_bytes(host_free=host)
+
+
 def resident_bytes() -> int:
     """This process' resident memory (VmRSS); 0 where /proc cannot tell."""
     try:

@@ -202,6 +202,22 @@ class OwnProcess:
         return value
 
 
+class Deferred:
+    """An engine started only when timed, then closed (--one-at-a-time: models too large for two
+    engines to hold at once); `name` set before then replaces the engine's own."""
+
+    def __init__(self, start) -> None:
+        self._start, self.name = start, None
+
+    def timed(self, run):
+        engine = self._start()
+        engine.name = self.name = self.name or engine.name
+        try:
+            return run(engine)
+        finally:
+            engine.close()
+
+
 def _serve_engine(conn, factory, args) -> None:
     os.dup2(2, 1)  # the engines' own logs go to stderr: stdout carries the report alone
     try:
@@ -294,6 +310,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          "(comma-separated: auto, int4, int8, f16, f32)")
     ap.add_argument("--same-process", action="store_true",
                     help="run every engine in this process (default: each in its own)")
+    ap.add_argument("--one-at-a-time", action="store_true",
+                    help="start, time and close each engine in turn, not paired (models too large for two at once)")
     ap.add_argument("--input-len", type=int, default=256, help="prompt tokens")
     ap.add_argument("--output-len", type=int, default=128, help="generated tokens")
     ap.add_argument("--rounds", type=int, default=5)
@@ -307,6 +325,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dynamic-quantization-group-sizes", default="default",
                     help="vinoserve's --dynamic-quantization-group-size settings to compare, per weight format and "
                          "decode model (comma-separated: default, 0 for off, 32, ...)")
+    ap.add_argument("--ir-models", default="",
+                    help="optimum-cli export directories of the --model's shapes, timed by vinoserve beside it on "
+                         "the same token ids (comma-separated; one --model)")
     ap.add_argument("--lowbit-kernels", default="auto",
                     help="vinoserve's --lowbit-kernel settings to compare, per weight format and decode model "
                          "(comma-separated: auto, on, off)")
@@ -314,11 +335,18 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> None:
     models = [str(gguf_path(m)) if m not in default_model.BUILTIN_MODELS else m for m in args.model.split(",") if m]
+    if (args.ir_models or args.one_at_a_time) and len(models) > 1:
+        raise SystemExit("--ir-models and --one-at-a-time: with one --model")
     prompt = real_text_ids(models[0], args.input_len)
     if any(real_text_ids(m, args.input_len) != prompt for m in models[1:]):
         raise SystemExit("--model: these models tokenize the prompt differently; compare them in separate runs")
 
     def start(factory, *rest):
+        if args.one_at_a_time:
+            return Deferred(lambda: start_now(factory, *rest))
+        return start_now(factory, *rest)
+
+    def start_now(factory, *rest):
         return factory(*rest) if args.same_process else OwnProcess(factory, *rest)
 
     groups = [None if g == "default" else int(g) for g in args.dynamic_quantization_group_sizes.split(",")]
@@ -329,22 +357,32 @@ def main(args: argparse.Namespace) -> None:
                           args.inference_precision, dm, dq, lk)
                     for fmt in args.weight_formats.split(",") if fmt for dm in args.decode_models.split(",")
                     for dq in groups for lk in args.lowbit_kernels.split(",")]
+        for ir in (p for p in args.ir_models.split(",") if p):
+            engines.append(start(Vinoserve, ir, "auto", args.max_num_batched_tokens, args.kv_cache_precision,
+                                 args.threads, args.inference_precision))
+            engines[-1].name = f"vinoserve [IR {Path(ir).name}]"
         if len(models) > 1:  # one run, several files: each engine named by its file
             for e in engines:
                 e.name = f"{e.name} [{gguf_path(model).stem}]"
         by_model.append(engines)
-    print(f"{args.model}: 1 stream, {args.input_len} prompt tokens, {args.output_len} out, {args.rounds} paired "
-          f"rounds, {os.cpu_count()} CPUs, {'one process' if args.same_process else 'a process per engine'}; "
+    print(f"{args.model}: 1 stream, {args.input_len} prompt tokens, {args.output_len} out, {args.rounds} "
+          f"{'rounds, one engine at a time' if args.one_at_a_time else 'paired rounds'}, {os.cpu_count()} CPUs, "
+          f"{'one process' if args.same_process else 'a process per engine'}; "
           f"llama.cpp {', '.join(gguf_path(m).name for m in models)} as is")
 
     def progress(r: int, last: dict[str, StreamTiming]) -> None:
         print(f"round {r + 1}: " + ", ".join(f"{n} {t.decode_tok_s:.1f}/{t.prompt_tok_s:.0f}" for n, t in last.items())
               + " (decode/prompt tok/s)", flush=True)
 
-    runs = paired_rounds([e for engines in by_model for e in engines], prompt, args.output_len, args.rounds, progress)
-    for engines in by_model:
-        for e in engines:
-            e.close()
+    runs = {}
+    if args.one_at_a_time:
+        for e in (e for engines in by_model for e in engines):
+            runs |= e.timed(lambda started: paired_rounds([started], prompt, args.output_len, args.rounds, progress))
+    else:
+        runs = paired_rounds([e for engines in by_model for e in engines], prompt, args.output_len, args.rounds, progress)
+        for engines in by_model:
+            for e in engines:
+                e.close()
     rate = read_rate_gbs(args.threads)  # with the engines gone: nothing else reads meanwhile
     for model, engines in zip(models, by_model):
         print("\n".join(report({e.name: runs[e.name] for e in engines}, reference=engines[0].name)))

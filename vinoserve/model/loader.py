@@ -6,6 +6,7 @@ from pathlib import Path
 
 import openvino as ov
 
+from vinoserve.memory import reclaimable_room_bytes
 from vinoserve.model import default_model, vlm_export
 from vinoserve.model.architectures.phi3 import pin_longrope
 from vinoserve.model.convert import converted_dir
@@ -54,9 +55,7 @@ class LoadedModel:
     @property
     def weight_files(self) -> tuple[Path, ...]:
         """The files its language model's weights were read from."""
-        if vlm_export.is_vlm_export(self.path):
-            return vlm_export.weight_files(self.path)
-        return (self.path / "openvino_model.bin",)
+        return weight_files(self.path)
 
     @property
     def bidirectional_rows(self) -> int | None:
@@ -71,11 +70,32 @@ class LoadedModel:
         return ImageRules(self.paged.image_width, self.bidirectional_rows, self.paged.image_grids)
 
 
+def weight_files(model_dir: Path) -> tuple[Path, ...]:
+    if vlm_export.is_vlm_export(model_dir):
+        return vlm_export.weight_files(model_dir)
+    return (model_dir / "openvino_model.bin",)
+
+
+def check_fits(model_dir: Path, given: str | None) -> None:
+    """One clear error, before a compile the OOM killer would end (no line, exit 137), where
+    the weights cannot fit: at least the GGUF's bytes (the low-bit kernel holds them as the file
+    does) or the IR's, against what the machine could free for them."""
+    need = sum(f.stat().st_size for f in weight_files(model_dir) if f.is_file())
+    if given and Path(given).expanduser().suffix == ".gguf" and Path(given).expanduser().is_file():
+        need = min(need, Path(given).expanduser().stat().st_size)
+    room = reclaimable_room_bytes()
+    if need > room:
+        raise ModelLoadError(f"the model's weights need at least {need / 2**30:.1f} GiB of memory and "
+                             f"{room / 2**30:.1f} GiB is available (MemAvailable, or the container's limit): "
+                             f"a smaller quantization of it, or more memory")
+
+
 def load_model(model: str | None = None, options: CompileOptions = CompileOptions(),
                weight_format: WeightFormat = "auto", log=print, mmproj: Path | None = None) -> LoadedModel:
     """`mmproj`: a vision projector GGUF for it (model/vision), compiled at its precision."""
     check_inference_precision(options)  # before a conversion that may take a minute
     path = resolve_model_dir(model, weight_format, log)
+    check_fits(path, model)
     config = read_config(path)  # what can be missing is found before the compile, which takes a while
     core = ov.Core()
     tokenizer = _tokenizer(path, core)
