@@ -213,3 +213,19 @@ def test_reclaimable_room_is_memavailable_capped_by_the_cgroup(tmp_path, monkeyp
     assert memory.reclaimable_room_bytes(meminfo) == 20000000 * 1024
     monkeypatch.setattr(memory, "cgroup_room_bytes", lambda *a, **k: 2**30)
     assert memory.reclaimable_room_bytes(meminfo) == 2**30
+
+
+def test_a_full_disk_while_converting_is_one_line_and_leaves_nothing(cache, tmp_path, monkeypatch, capsys):
+    import errno
+
+    from vinoserve.model.constant_store import ConstantStore
+
+    def full(self, model, xml):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(ConstantStore, "save", full)
+    model = write_gguf(tiny_hf_model("llama"), tmp_path / "tiny.gguf")
+    assert main(["prepare", "--model", str(model)]) == 1
+    line = _one_error_line(capsys.readouterr().err)
+    assert "converting tiny.gguf into" in line and "No space left on device" in line and "GiB free there" in line
+    assert [p for p in _leftovers(cache) if "converted/" in p] == []

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -30,8 +31,14 @@ def converted_dir(gguf_path: Path, weight_format: WeightFormat, log=print) -> Pa
         return target
     log(f"converting {gguf_path.name} to OpenVINO ({weight_format} weights) into {target} ...")
     start = time.perf_counter()
-    with atomic_dir(target) as tmp:
-        _convert(gguf_path, tmp, weight_format, digest)
+    try:
+        with atomic_dir(target) as tmp:
+            _convert(gguf_path, tmp, weight_format, digest)
+    except OSError as e:  # a full disk, most often: one line, and atomic_dir left nothing behind
+        free = shutil.disk_usage(target.parent).free
+        raise ModelLoadError(f"converting {gguf_path.name} into {target.parent} failed: {e.strerror or e} "
+                             f"({free / 2**30:.1f} GiB free there; the conversion takes about the file's size "
+                             f"again, K-quants up to 1.4x)") from e
     log(f"converted in {time.perf_counter() - start:.1f} s")
     return target
 
@@ -43,7 +50,7 @@ def _convert(gguf_path: Path, out: Path, weight_format: WeightFormat, digest: st
     try:
         model = build_model(cfg, src.tensor, Weights(weight_format, store))
         drop_mapped_pages(gguf_path)  # read: the GGUF's pages need not stay beside the store's while saving
-        ov.save_model(model, out / "openvino_model.xml", compress_to_fp16=False)
+        store.save(model, out / "openvino_model.xml")
         del model  # its constants map the store's file
     finally:
         store.close()
