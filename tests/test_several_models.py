@@ -3,6 +3,7 @@ each request routed by its `model`; and the encoder batcher packing concurrent r
 from __future__ import annotations
 
 import asyncio
+import re
 
 import httpx
 import numpy as np
@@ -81,3 +82,5 @@ def test_each_request_goes_to_the_model_it_names(chat_and_embedder):
     assert wrong.status_code == 400 and "`chat` cannot serve rerank" in wrong.json()["message"]  # Cohere's shape
     memory = [line for line in log.read_text().splitlines() if "memory by model" in line]
     assert memory and "chat" in memory[0] and "KV cache" in memory[0] and "minilm" in memory[0]
+    held = float(re.search(r"chat \d+% \((\d+\.\d+) GiB weights", memory[0])[1])
+    assert 0.02 < held < 0.5, memory[0]  # SmolLM2-135M as loading held it, not 0, not its files' many copies

@@ -34,6 +34,15 @@ def reclaimable_room_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
     return available_memory_bytes(host_free=host)
 
 
+def anonymous_bytes() -> int:
+    """This process' anonymous resident memory (RssAnon: not file pages); 0 where /proc cannot tell."""
+    try:
+        line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("RssAnon:"))
+        return int(line.split()[1]) * 1024
+    except (OSError, StopIteration, ValueError, IndexError):
+        return 0
+
+
 def resident_bytes() -> int:
     """This process' resident memory (VmRSS); 0 where /proc cannot tell."""
     try:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import openvino as ov
 
-from vinoserve.memory import reclaimable_room_bytes
+from vinoserve.memory import anonymous_bytes, reclaimable_room_bytes, release_freed_heap
 from vinoserve.model import default_model, vlm_export
 from vinoserve.model.architectures.phi3 import pin_longrope
 from vinoserve.model.convert import converted_dir
@@ -51,6 +51,9 @@ class LoadedModel:
     paged: PagedModel
     tokenizer: Tokenizer
     vision: VisionModel | None = None  # its vision tower and projector, where it takes images
+    # what loading added to the process' anonymous memory: the weights as compiled (packed, a
+    # decode model's copy included), not their files' size; 0 where /proc cannot tell
+    held_bytes: int = 0
 
     @property
     def weight_files(self) -> tuple[Path, ...]:
@@ -94,6 +97,7 @@ def load_model(model: str | None = None, options: CompileOptions = CompileOption
                weight_format: WeightFormat = "auto", log=print, mmproj: Path | None = None) -> LoadedModel:
     """`mmproj`: a vision projector GGUF for it (model/vision), compiled at its precision."""
     check_inference_precision(options)  # before a conversion that may take a minute
+    before = anonymous_bytes()
     path = resolve_model_dir(model, weight_format, log)
     check_fits(path, model)
     config = read_config(path)  # what can be missing is found before the compile, which takes a while
@@ -104,7 +108,9 @@ def load_model(model: str | None = None, options: CompileOptions = CompileOption
         pin_longrope(graph, config.rope)
     paged = compile_paged(graph, options, core, config.sliding_windows, bidirectional_images(config.architecture))
     vision = load_projector(mmproj, paged.image_width, paged.inference_precision, paged.bidirectional_images, log)
-    return LoadedModel(path, ModelSpec.of(paged.facts, config), paged, tokenizer, vision)
+    release_freed_heap()  # the load's temporaries, out of the count
+    return LoadedModel(path, ModelSpec.of(paged.facts, config), paged, tokenizer, vision,
+                       max(0, anonymous_bytes() - before))
 
 
 def _tokenizer(path: Path, core: ov.Core) -> Tokenizer:

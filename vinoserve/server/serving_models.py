@@ -83,12 +83,12 @@ def load_encoders(encoders: tuple[tuple[str, str], ...], chat_name: str | None, 
 
 
 def log_memory(registry: ModelRegistry, engine, log: logging.Logger) -> None:
-    """Each model's share: weights (and the chat model's KV cache), so an operator sees what a
-    second or third model costs before memory runs out."""
+    """Each model's share: weights (the chat model's as loading held them, its KV cache too), so an
+    operator sees what a second or third model costs before memory runs out."""
     shares = []
     if engine is not None:
         inner = engine.engine
-        weights = sum(f.stat().st_size for f in inner.model.weight_files)
+        weights = inner.model.held_bytes or sum(f.stat().st_size for f in inner.model.weight_files)
         shares.append((registry.chat, weights + inner.cache.nbytes,
                        f"{weights / 2**30:.2f} GiB weights + {inner.cache.nbytes / 2**30:.2f} GiB KV cache"))
     for name, encoder in registry.encoders.items():
