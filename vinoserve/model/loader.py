@@ -51,8 +51,9 @@ class LoadedModel:
     paged: PagedModel
     tokenizer: Tokenizer
     vision: VisionModel | None = None  # its vision tower and projector, where it takes images
-    # what loading added to the process' anonymous memory: the weights as compiled (packed, a
-    # decode model's copy included), not their files' size; 0 where /proc cannot tell
+    # what loading added to the process' anonymous memory: the weights as compiled (packed; a
+    # decode model's copy, the tokenizer and a vision tower included), not their files' size; 0
+    # where /proc cannot tell
     held_bytes: int = 0
 
     @property
@@ -84,8 +85,9 @@ def check_fits(model_dir: Path, given: str | None) -> None:
     the weights cannot fit: at least the GGUF's bytes (the low-bit kernel holds them as the file
     does) or the IR's, against what the machine could free for them."""
     need = sum(f.stat().st_size for f in weight_files(model_dir) if f.is_file())
-    if given and Path(given).expanduser().suffix == ".gguf" and Path(given).expanduser().is_file():
-        need = min(need, Path(given).expanduser().stat().st_size)
+    gguf = Path(given).expanduser() if given else None
+    if gguf is not None and gguf.suffix == ".gguf" and gguf.is_file():
+        need = min(need, gguf.stat().st_size)
     room = reclaimable_room_bytes()
     if need > room:
         raise ModelLoadError(f"the model's weights need at least {need / 2**30:.1f} GiB of memory and "

@@ -227,7 +227,9 @@ def compile_paged(model: ov.Model, options: CompileOptions, core: ov.Core | None
     if decode is not None and _cache_layout(decode) != layout:
         raise ModelLoadError(f"the second compilation's KV cache layout differs from the main one's: "
                              f"{_cache_layout(decode)} vs {layout}")
-    gathered = _count_layers(compiled, "GatherMatmul") if facts.expert_products else 0
+    # what the plugin made of the experts the kernel did not take (the log warns where it made
+    # no GatherMatmul of them)
+    gathered = _count_layers(compiled, "GatherMatmul") if facts.expert_products > kernel.experts else 0
     return PagedModel(facts, compiled, options, layout, decode, decode_graph, kernel, gathered)
 
 
