@@ -54,9 +54,9 @@ def hf_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=TOKENS[EOS_ID])
 
 
-def save_tiny_hf(arch: str, out: Path, seed: int = 0) -> Path:
+def save_tiny_hf(arch: str, out: Path, seed: int = 0, layers: int = 2) -> Path:
     cfg = AutoConfig.for_model(arch, vocab_size=len(TOKENS), hidden_size=64, intermediate_size=96,
-                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                               num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                max_position_embeddings=512, eos_token_id=EOS_ID, tie_word_embeddings=False,
                                **ARCHITECTURES[arch])
     torch.manual_seed(seed)

@@ -3,9 +3,11 @@ plugin gathers the export's tiled expert block (only the routed experts are read
 where the export is), the startup log says so, and at f32 the engine matches transformers as the
 GGUF families do (test_moe_families.py): greedy tokens with prefix hits, logprobs, speculation and
 preemption. An int4 export matches optimum-intel's own runtime; a block the plugin does not
-recognise is named in the log. Greedy tokens over staggered prompts: test_ir_models.py."""
+recognise is named in the log; cache eviction re-rotates their keys. Greedy tokens over staggered
+prompts: test_ir_models.py."""
 from __future__ import annotations
 
+import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 import pytest
@@ -95,3 +97,27 @@ def test_an_expert_block_the_plugin_does_not_gather_is_named_in_the_log(ir_expor
     paged = compile_paged(model, F32)
     assert paged.gathered == 0
     assert "6 of 6 expert products NOT gathered by the plugin" in paged.describe()
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "qwen2_moe"])
+def test_eviction_rerotates_an_exports_keys(arch, ir_export, tmp_path):
+    """Cache eviction on an export's mixture of experts re-rotates the kept keys (RoPE from its
+    config.json); one layer, so a fresh run on the survivors is the exact reference."""
+    from ir_fixtures import export_ir, save_tiny_hf
+    from test_eviction import _engine as eviction_engine
+    from test_eviction import _run as run_one
+    from vinoserve.scheduler.sampling_params import SamplingParams
+
+    ir_export(arch)  # skips, or fails in CI, without optimum-intel
+    hf_dir = save_tiny_hf(arch, tmp_path / "hf", layers=1)
+    engine = eviction_engine(str(export_ir(hf_dir, tmp_path / "ir")))
+    assert engine.runner.model.options.cache_rotation
+    prompt = np.random.default_rng(3).integers(0, 258, 100).tolist()
+    outs = run_one(engine, prompt, SamplingParams(max_tokens=2, temperature=0, logprobs=20, ignore_eos=True))
+    assert engine.evictor.num_evicted_blocks == 1 and engine.evictor.num_rotated_blocks == 2
+    survivors = prompt[:32] + prompt[64:] + [outs[0].new_token_ids[0]]
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([survivors])).logits[0, -1].double(), -1).numpy()
+    assert outs[1].new_token_ids[0] == int(ref.argmax())
+    assert max(abs(lp - ref[token]) for token, lp in outs[1].new_logprobs[0][1]) < 1e-4

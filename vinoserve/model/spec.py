@@ -20,9 +20,10 @@ from vinoserve.model.rope import RopeConfig
 # Families whose HF code rotates q and k rotate-half with inv_freq = 1 / theta^(2j/d) (then its
 # scaling) over whole heads, one RoPE for every layer: what host and kernel re-rotation reproduce.
 # Others (interleaved pairs, a RoPE per layer kind as in Gemma 3, layers without RoPE as in
-# SmolLM3) may serve, but not evict with rotation. The mixtures of experts are named as a GGUF
-# conversion writes them (tests/test_moe_families.py); their IR exports' types are not checked yet.
-ROTATE_HALF_ARCHITECTURES = ("granite", "llama", "mistral", "phi3", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe")
+# SmolLM3) may serve, but not evict with rotation. The mixtures of experts by the names a GGUF
+# conversion writes (tests/test_moe_families.py) and their optimum exports' (tests/test_ir_moe.py).
+ROTATE_HALF_ARCHITECTURES = ("granite", "llama", "mistral", "phi3", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe",
+                             "qwen2_moe", "qwen3_moe", "mixtral")
 
 
 @dataclass(frozen=True)
