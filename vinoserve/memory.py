@@ -26,21 +26,22 @@ def available_memory_bytes(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = 
 def reclaimable_room_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
     """What this process could take if the kernel evicted every cache it can: the host's
     MemAvailable (free memory plus reclaimable page cache), capped by the cgroup's room."""
-    try:
-        kib = next(int(line.split()[1]) for line in meminfo.read_text().splitlines() if line.startswith("MemAvailable:"))
-        host = kib * 1024
-    except (OSError, StopIteration, ValueError, IndexError):
-        host = host_free_bytes()
-    return available_memory_bytes(host_free=host)
+    kib = _proc_kib(meminfo, "MemAvailable")
+    return available_memory_bytes(host_free=host_free_bytes() if kib is None else kib * 1024)
 
 
 def anonymous_bytes() -> int:
     """This process' anonymous resident memory (RssAnon: not file pages); 0 where /proc cannot tell."""
+    return (_proc_kib(Path("/proc/self/status"), "RssAnon") or 0) * 1024
+
+
+def _proc_kib(path: Path, key: str) -> int | None:
+    """A "Key:   N kB" line's N in a /proc file; None where it cannot be read."""
     try:
-        line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("RssAnon:"))
-        return int(line.split()[1]) * 1024
+        line = next(l for l in path.read_text().splitlines() if l.startswith(f"{key}:"))
+        return int(line.split()[1])
     except (OSError, StopIteration, ValueError, IndexError):
-        return 0
+        return None
 
 
 def resident_bytes() -> int:
