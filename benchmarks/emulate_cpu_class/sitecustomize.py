@@ -10,7 +10,8 @@ session has no machine of. Not a measurement of speed: the kernels run on this C
 ONEDNN_MAX_CPU_ISA caps the plugin's kernels; the plugin's own choices read CPUID instead, so here
 they are made as that class's CPUs make them: f32 compute whatever the hint (no bf16 or f16
 arithmetic there), and on AVX2 no int8 activations (no VNNI on Zen 2 / 3; Alder Lake's AVX-VNNI is
-not emulated; the AVX-512 class has VNNI).
+not emulated; the AVX-512 class has VNNI). openvino-genai's pipelines compile in C++, past
+ov.Core, so its ContinuousBatchingPipeline is given the same settings (`vinoserve bench engine`).
 vinoserve sees the class's flags (cpu_class.cpu_flags), so its defaults and its kernel's build
 (which needs AVX-512 VNNI) follow the class. Python imports this module at start-up from
 PYTHONPATH; a child process keeps it where it inherits the environment.
@@ -37,12 +38,16 @@ if _CLASS:
         return frozenset(_FLAGS[_CLASS]) if cpuinfo is None else _cpu_flags(cpuinfo)
 
     def _compile_model(self, model, device_name=None, config=None, **kwargs):
-        config = dict(config or {})
         if device_name in (None, "CPU"):
-            config["INFERENCE_PRECISION_HINT"] = "f32"
-            if _CLASS == "AVX2":
-                config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = "0"
+            config = _class_config(config)
         return _compile(self, model, device_name, config, **kwargs)
+
+    def _class_config(config: dict | None) -> dict:
+        config = dict(config or {})
+        config["INFERENCE_PRECISION_HINT"] = "f32"
+        if _CLASS == "AVX2":
+            config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = "0"
+        return config
 
     def _property(self, *args):
         if len(args) == 2 and args[0] == "CPU" and args[1] == "INFERENCE_PRECISION_HINT":
@@ -53,3 +58,16 @@ if _CLASS:
     cpu_class.this_cpu.cache_clear()
     ov.Core.compile_model = _compile_model
     ov.Core.get_property = _property
+
+    try:  # openvino-genai compiles in C++, past ov.Core: its pipeline gets the class's settings here
+        import openvino_genai as _genai
+    except ImportError:
+        _genai = None
+    if _genai is not None:
+        _pipeline = _genai.ContinuousBatchingPipeline
+
+        def _continuous_batching(models_path, scheduler_config, device="CPU", properties=None, **kwargs):
+            properties = _class_config(properties) if device == "CPU" else properties
+            return _pipeline(models_path, scheduler_config, device, properties or {}, **kwargs)
+
+        _genai.ContinuousBatchingPipeline = _continuous_batching
