@@ -1,7 +1,7 @@
-"""The kernel's instruction-set paths (model/lowbit/build.py: AVX-512 VNNI, AVX-VNNI, AVX2) compute
-the same float steps per row, so each gives every other's outputs bit for bit: every weight
-layout, in one and two planes, at the row counts each path takes its own way. Run on every path
-this CPU has (a CPU with AVX-512 VNNI has all three)."""
+"""The kernel's instruction-set paths (model/lowbit/build.py: AVX-512 VNNI, AVX-512 without VNNI,
+AVX-VNNI, AVX2) compute the same float steps per row, so each gives every other's outputs bit for
+bit: every weight layout, in one and two planes, at the row counts each path takes its own way.
+Run on every path this CPU has (a Sapphire Rapids or Zen 5 has all four)."""
 from __future__ import annotations
 
 import os
@@ -44,13 +44,14 @@ def test_the_variable_forces_a_path_and_refuses_what_the_cpu_lacks(monkeypatch):
         monkeypatch.setenv(build.ISA_VARIABLE, "avx512")
         build.isa(frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl"}))
     monkeypatch.setenv(build.ISA_VARIABLE, "neon")
-    with pytest.raises(build.Unavailable, match="is none of avx512, avxvnni, avx2"):
+    with pytest.raises(build.Unavailable, match="is none of avx512, avx512bw, avxvnni, avx2"):
         build.isa(frozenset())
     monkeypatch.delenv(build.ISA_VARIABLE)
     assert build.isa(frozenset({"avx2", "fma", "f16c"})).name == "avx2"  # Zen 2 / 3, Haswell to Skylake client
     assert build.isa(frozenset({"avx2", "fma", "f16c", "avx_vnni"})).name == "avxvnni"  # Alder Lake
     assert build.isa(frozenset({"avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl",
                                 "avx512_vnni"})).name == "avx512"  # Zen 5, Sapphire Rapids
+    assert build.isa(frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl"})).name == "avx512bw"  # Skylake-SP
     with pytest.raises(build.Unavailable, match="lacks avx2"):
         build.isa(frozenset({"sse4_2", "avx", "fma", "f16c"}))
 

@@ -4,6 +4,8 @@ session has no machine of. Not a measurement of speed: the kernels run on this C
 
     PYTHONPATH=$PWD/benchmarks/emulate_cpu_class VINOSERVE_EMULATE_CLASS=AVX-512 \
         ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI python -m pytest -q       # Cascade / Ice Lake
+    PYTHONPATH=$PWD/benchmarks/emulate_cpu_class VINOSERVE_EMULATE_CLASS=AVX-512-SKX \
+        ONEDNN_MAX_CPU_ISA=AVX512_CORE python -m pytest -q            # Skylake-SP (no VNNI)
     PYTHONPATH=$PWD/benchmarks/emulate_cpu_class VINOSERVE_EMULATE_CLASS=AVX2 \
         ONEDNN_MAX_CPU_ISA=AVX2 python -m pytest -q                   # Zen 2 / 3, Haswell to Skylake client
 
@@ -23,6 +25,8 @@ _FLAGS = {
     "AVX2": {"sse4_2", "avx", "avx2", "fma", "f16c"},
     "AVX-512": {"sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl",
                 "avx512_vnni"},
+    # Skylake-SP: the AVX-512 class without VNNI (the kernel's AVX2 path; cap oneDNN at AVX512_CORE)
+    "AVX-512-SKX": {"sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl"},
 }
 
 if _CLASS:
@@ -45,7 +49,7 @@ if _CLASS:
     def _class_config(config: dict | None) -> dict:
         config = dict(config or {})
         config["INFERENCE_PRECISION_HINT"] = "f32"
-        if _CLASS == "AVX2":
+        if _CLASS in ("AVX2", "AVX-512-SKX"):  # no VNNI: no int8 activations of the plugin's
             config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = "0"
         return config
 

@@ -57,7 +57,7 @@ DEFAULTS: dict[CpuClass, ClassDefaults] = {
                                         dynamic_quantization_group_size=0, lowbit_main=True,
                                         lowbit_prefetch=4096),
     # Skylake-SP to Ice Lake (no bf16 arithmetic) and Zen 2 / 3, Haswell to Alder Lake: one f32
-    # compilation on the kernel's AVX-512 VNNI path where the CPU has it, else its AVX2 path. A
+    # compilation on the kernel's AVX-512 path (VNNI's, or Skylake-SP's without), else its AVX2 path. A
     # prompt's rows take two int8 planes in the attention's q/k/v (they fill the cache) and where
     # their logits are read, one elsewhere: AVX2 code, 1.5B Q4_0 / Q4_K_M, 2.3x / 1.6x less CPU a
     # prompt token than llama.cpp (two planes throughout: 1.9x / 1.3x), long-context perplexity

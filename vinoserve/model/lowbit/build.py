@@ -48,11 +48,14 @@ class Isa:
     flags: tuple[str, ...]
 
 
-# In order of preference. AVX-512 VNNI: Ice Lake and later Xeons, Zen 4 and later; AVX-VNNI on
-# ymm: Alder Lake and later, Zen 5; AVX2: every x86-64 CPU since Haswell and Zen 1.
+# In order of preference. AVX-512 VNNI: Cascade Lake and later Xeons, Zen 4 and later; AVX-512
+# without VNNI: Skylake-SP; AVX-VNNI on ymm: Alder Lake and later, Zen 5; AVX2: every x86-64 CPU
+# since Haswell and Zen 1.
 ISAS = (
     Isa("avx512", frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"}),
         ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma")),
+    Isa("avx512bw", frozenset({"avx512f", "avx512bw", "avx512vl", "f16c", "fma"}),
+        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mf16c", "-mfma")),
     Isa("avxvnni", frozenset({"avx2", "avx_vnni", "f16c", "fma"}),
         ("-mavx2", "-mavxvnni", "-mf16c", "-mfma", "-DVINOSERVE_LOWBIT_AVX2")),
     Isa("avx2", frozenset({"avx2", "f16c", "fma"}), ("-mavx2", "-mf16c", "-mfma", "-DVINOSERVE_LOWBIT_AVX2")),

@@ -229,7 +229,7 @@ void half_kernel(const Weights& w, const Activations& a, const TileFloats<BITS, 
                         for (int j = 0; j < H; j++) dot<BITS>(u[j][half], xb, s[i][j][m], p[i][j][m]);
                     }
             if constexpr (!WIDE<BITS>) {
-                if ((2 * c + 2) % IN16<BITS> == 0 || c == Q / 2 - 1)  // widen before 16 bits overflow
+                if ((c + 1) % (IN16<BITS> / 2) == 0 || c == Q / 2 - 1)  // widen before 16 bits overflow
                     for (int i = 0; i < C; i++)
                         for (int j = 0; j < H; j++)
                             for (int m = 0; m < MB; m++) {

@@ -1,5 +1,9 @@
-// The AVX-512 VNNI path of vinoserve::LowBitMatMul's arithmetic (lowbit_layout.hpp says what it
+// The AVX-512 paths of vinoserve::LowBitMatMul's arithmetic (lowbit_layout.hpp says what it
 // computes and the weights' layout): 16 weight rows a zmm register, one vpdpbusd a 64-byte chunk.
+// Built without VNNI (Skylake-SP), the products are the AVX2 path's at 512 bits: vpmaddubsw
+// into 16-bit pair sums kept through as many chunks as cannot overflow, then vpmaddwd by ones
+// into 32 (widening every chunk made a prompt product 1.2x the AVX2 path's time); 8-bit weights
+// multiply with their sign. The integer sums are the VNNI path's, so the outputs are too.
 #pragma once
 
 #include <immintrin.h>
@@ -16,8 +20,44 @@
 namespace vinoserve {
 namespace {
 
-// What the integer sums need to take the weights' bias off: -bias times x's integers' sum.
-inline int bias_factor(const Weights& w) { return -w.bias; }
+#if defined(__AVX512VNNI__)
+constexpr bool VNNI = true;
+#else
+constexpr bool VNNI = false;
+#endif
+
+// Without VNNI: pairs of chunks whose pair sums add up in 16 bits (|x| <= 128, u <= MAX_U)
+template <int BITS>
+constexpr int PAIRS16 = 32767 / (2 * 128 * MAX_U<BITS>) / 2;
+
+// Sums a chunk at a time in 32 bits (VNNI, or 8-bit weights' signed products), else in 16 first.
+template <int BITS>
+constexpr bool WIDE = VNNI || BITS == 8;
+
+// What the integer sums need to take the weights' bias off: -bias times x's integers' sum (8-bit
+// weights without VNNI, multiplied with their sign as w = u - 128: 128 - bias).
+inline int bias_factor(const Weights& w) { return w.bits == 8 && !VNNI ? 128 - w.bias : -w.bias; }
+
+// One chunk's products of 16 rows' 4 weights u with x's 4 bytes (broadcast in xb): into the
+// 32-bit sums s (WIDE), or the 16-bit pair sums p.
+template <int BITS>
+inline void dot(__m512i u, __m512i xb, __m512i& s, __m512i& p) {
+    if constexpr (VNNI) {
+        s = _mm512_dpbusd_epi32(s, u, xb);
+    } else if constexpr (BITS == 8) {  // |w| times x with w's sign (|x| <= 127: no wrap)
+        const __m512i signed_x = _mm512_mask_sub_epi8(xb, _mm512_movepi8_mask(u), _mm512_setzero_si512(), xb);
+        s = _mm512_add_epi32(s, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(u), signed_x), _mm512_set1_epi16(1)));
+    } else {
+        p = _mm512_add_epi16(p, _mm512_maddubs_epi16(u, xb));
+        asm("" : "+v"(p));  // the sum kept in its register (as the AVX2 path's)
+    }
+}
+
+// The 16-bit pair sums p into the 32-bit sums s, p cleared (without VNNI).
+inline void widen(__m512i& s, __m512i& p) {
+    s = _mm512_add_epi32(s, _mm512_madd_epi16(p, _mm512_set1_epi16(1)));
+    p = _mm512_setzero_si512();
+}
 
 inline __m512 load_half(const void* p, size_t i) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
@@ -74,12 +114,16 @@ inline __m512i top_bits(const uint8_t* planes, int c) {
 }
 
 // Chunks c and c + Q / 2 of a tile's group at q (Q chunks; 4- to 6-bit: one load holds both),
-// as unsigned bytes.
+// as unsigned bytes (8-bit weights without VNNI: signed, w = u - 128).
 template <int BITS, int Q>
 inline void unpack(const uint8_t* q, int c, __m512i& lo, __m512i& hi) {
     if constexpr (BITS == 8) {
         lo = _mm512_loadu_si512(q + c * 64);
         hi = _mm512_loadu_si512(q + (c + Q / 2) * 64);
+        if constexpr (!VNNI) {  // w = u - 128, for dot's sign
+            lo = _mm512_xor_si512(lo, _mm512_set1_epi8(-128));
+            hi = _mm512_xor_si512(hi, _mm512_set1_epi8(-128));
+        }
     } else {
         const __m512i low = _mm512_set1_epi8(0x0F), v = _mm512_loadu_si512(q + c * 64);
         if constexpr (TOP_PLANES<BITS>) {  // (v & low) | top in one op (0.96x a Q6_K prompt product's time)
@@ -136,11 +180,17 @@ void tile_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, co
             const size_t ag = (m0 + m) * groups + g;
             const int32_t* x4 = reinterpret_cast<const int32_t*>(a.q.get() + (m0 + m) * P * w.k + g * 4 * Q);
             // two chains of dot products: one is latency-bound at one row of x (a 1.5B step 0.92x
-            // the time); with two planes, a chain each (the second's with the bias)
-            __m512i s[2] = {_mm512_setzero_si512(), _mm512_set1_epi32(a.c[ag])};
-            for (int c = 0; c < Q; c++) s[P == 2 ? 0 : c % 2] = _mm512_dpbusd_epi32(s[P == 2 ? 0 : c % 2], u[c], _mm512_set1_epi32(x4[c]));
+            // the time); with two planes, a chain each (the second's with the bias); without VNNI
+            // a plane's 16-bit sums are the chain (vpaddw's latency is 1)
+            __m512i s[2] = {_mm512_setzero_si512(), _mm512_set1_epi32(a.c[ag])}, p[2];
+            for (int i = 0; i < 2; i++) p[i] = _mm512_setzero_si512();
+            for (int pl = 0; pl < P; pl++)
+                for (int c = 0; c < Q; c++) {
+                    const int i = P == 2 ? pl : (WIDE<BITS> ? c % 2 : 0);
+                    dot<BITS>(u[c], _mm512_set1_epi32(x4[pl * w.k / 4 + c]), s[i], p[i]);
+                    if (!WIDE<BITS> && ((c + 1) % (2 * PAIRS16<BITS>) == 0 || c == Q - 1)) widen(s[i], p[i]);
+                }
             if constexpr (P == 2) {
-                for (int c = 0; c < Q; c++) s[1] = _mm512_dpbusd_epi32(s[1], u[c], _mm512_set1_epi32(x4[w.k / 4 + c]));
                 s[0] = _mm512_add_epi32(_mm512_slli_epi32(s[0], 8), s[1]);
             } else {
                 s[0] = _mm512_add_epi32(s[1], s[0]);
@@ -203,12 +253,13 @@ void pair_kernel(const Weights& w, const Activations& a, const PairTiles<BITS, Q
     for (int j = 0; j < 2; j++)
         for (int m = 0; m < MB; m++) acc[j][m] = _mm512_setzero_ps();
     for (size_t g = 0; g < groups; g++) {
-        __m512i s[P][2][MB];  // per plane, tile and row; the last plane's starts at the bias
+        __m512i s[P][2][MB], p16[P][2][MB];  // per plane, tile and row; the last plane's starts at the bias
         for (int m = 0; m < MB; m++) {
             const __m512i bias = _mm512_set1_epi32(a.c[(m0 + m) * groups + g]);
             for (int j = 0; j < 2; j++) {
                 s[P - 1][j][m] = bias;
                 if constexpr (P == 2) s[0][j][m] = _mm512_setzero_si512();
+                for (int pl = 0; pl < P; pl++) p16[pl][j][m] = _mm512_setzero_si512();
             }
         }
         // later rows find the pair's weights in cache (0.95x a Q4_0 / Q4_K prompt product's time)
@@ -230,9 +281,15 @@ void pair_kernel(const Weights& w, const Activations& a, const PairTiles<BITS, Q
                     const int32_t* x4 = reinterpret_cast<const int32_t*>(a.q.get() + (m0 + m) * P * w.k + g * 4 * Q) + c + h * Q / 2;
                     for (int p = 0; p < P; p++) {
                         const __m512i xb = _mm512_set1_epi32(x4[p * w.k / 4]);
-                        for (int j = 0; j < 2; j++) s[p][j][m] = _mm512_dpbusd_epi32(s[p][j][m], u[j][h], xb);
+                        for (int j = 0; j < 2; j++) dot<BITS>(u[j][h], xb, s[p][j][m], p16[p][j][m]);
                     }
                 }
+            if constexpr (!WIDE<BITS>) {
+                if ((c + 1) % PAIRS16<BITS> == 0 || c == Q / 2 - 1)  // before 16 bits overflow
+                    for (int p = 0; p < P; p++)
+                        for (int j = 0; j < 2; j++)
+                            for (int m = 0; m < MB; m++) widen(s[p][j][m], p16[p][j][m]);
+            }
         }
         for (int j = 0; j < 2; j++) {
             q[j] += Q * STORED<BITS> * 8;
