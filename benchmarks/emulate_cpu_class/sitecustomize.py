@@ -14,8 +14,8 @@ they are made as that class's CPUs make them: f32 compute whatever the hint (no 
 arithmetic there), and on AVX2 no int8 activations (no VNNI on Zen 2 / 3; Alder Lake's AVX-VNNI is
 not emulated; the AVX-512 class has VNNI). openvino-genai's pipelines compile in C++, past
 ov.Core, so its ContinuousBatchingPipeline is given the same settings (`vinoserve bench engine`).
-vinoserve sees the class's flags (cpu_class.cpu_flags), so its defaults and its kernel's build
-(which needs AVX-512 VNNI) follow the class. Python imports this module at start-up from
+vinoserve sees the class's flags (cpu_class.cpu_flags), so its defaults and its kernel's path
+(model/lowbit/build.py) follow the class. Python imports this module at start-up from
 PYTHONPATH; a child process keeps it where it inherits the environment.
 """
 import os
@@ -25,7 +25,7 @@ _FLAGS = {
     "AVX2": {"sse4_2", "avx", "avx2", "fma", "f16c"},
     "AVX-512": {"sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl",
                 "avx512_vnni"},
-    # Skylake-SP: the AVX-512 class without VNNI (the kernel's AVX2 path; cap oneDNN at AVX512_CORE)
+    # Skylake-SP: the AVX-512 class without VNNI (the kernel's avx512bw path; cap oneDNN at AVX512_CORE)
     "AVX-512-SKX": {"sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl"},
 }
 

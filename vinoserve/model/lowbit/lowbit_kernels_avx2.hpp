@@ -31,10 +31,6 @@ constexpr bool VNNI = true;
 constexpr bool VNNI = false;
 #endif
 
-// Chunks whose pair sums add up in 16 bits without overflow (|x| <= 128, u <= MAX_U).
-template <int BITS>
-constexpr int IN16 = 32767 / (2 * 128 * MAX_U<BITS>);
-
 // Sums a chunk at a time in 32 bits (VNNI, or 8-bit weights' signed products), else in 16 first.
 template <int BITS>
 constexpr bool WIDE = VNNI || BITS == 8;
@@ -229,7 +225,7 @@ void half_kernel(const Weights& w, const Activations& a, const TileFloats<BITS, 
                         for (int j = 0; j < H; j++) dot<BITS>(u[j][half], xb, s[i][j][m], p[i][j][m]);
                     }
             if constexpr (!WIDE<BITS>) {
-                if ((c + 1) % (IN16<BITS> / 2) == 0 || c == Q / 2 - 1)  // widen before 16 bits overflow
+                if ((c + 1) % PAIRS16<BITS> == 0 || c == Q / 2 - 1)  // widen before 16 bits overflow
                     for (int i = 0; i < C; i++)
                         for (int j = 0; j < H; j++)
                             for (int m = 0; m < MB; m++) {

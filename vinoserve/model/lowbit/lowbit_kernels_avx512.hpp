@@ -26,10 +26,6 @@ constexpr bool VNNI = true;
 constexpr bool VNNI = false;
 #endif
 
-// Without VNNI: pairs of chunks whose pair sums add up in 16 bits (|x| <= 128, u <= MAX_U)
-template <int BITS>
-constexpr int PAIRS16 = 32767 / (2 * 128 * MAX_U<BITS>) / 2;
-
 // Sums a chunk at a time in 32 bits (VNNI, or 8-bit weights' signed products), else in 16 first.
 template <int BITS>
 constexpr bool WIDE = VNNI || BITS == 8;

@@ -79,6 +79,11 @@ constexpr int STORED = BITS == E2M1 ? 4 : BITS;
 template <int BITS>
 constexpr int MAX_U = BITS == E2M1 ? 24 : (1 << BITS) - 1;
 
+// Without VNNI, vpmaddubsw's pair sums (|x| <= 128, u <= MAX_U) add up in 16 bits for this many
+// pairs of chunks (a path unpacks chunks c and c + Q / 2 together) before they must widen to 32.
+template <int BITS>
+constexpr int PAIRS16 = 32767 / (2 * 128 * MAX_U<BITS>) / 2;
+
 // 5- and 6-bit weights keep their bits above the low four in 64-byte planes after those: per
 // chunk one bit (5: bit c % 8 of plane c / 8) or two (6: bits 2(c % 4) of plane c / 4).
 template <int BITS>
