@@ -25,13 +25,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from test_lowbit_kernel import _matmul  # the weight chains weights.py writes
 
 from vinoserve.model import lowbit
+from vinoserve.model.cpu_class import this_cpu
+from vinoserve.model.cpu_defaults import DEFAULTS
 from vinoserve.model.lowbit import build
 
 LAYOUTS = {"q4_0": (ov.Type.i4, 32, np.float16, None, None), "q4_k": (ov.Type.i4, 32, "k6", "k", None),
            "q6_k": (ov.Type.i8, 16, "k", None, 6), "q8_0": (ov.Type.i8, 32, np.float16, None, None)}
 
 
-def _compiled(layout: str, n: int, k: int, count: int, threads: int) -> ov.InferRequest:
+def _compiled(layout: str, n: int, k: int, count: int, threads: int, prefetch: int) -> ov.InferRequest:
     x, planes = ops.parameter([-1, k], np.float32), ops.parameter([], ov.Type.i32)
     total = None
     for i in range(count):
@@ -41,7 +43,7 @@ def _compiled(layout: str, n: int, k: int, count: int, threads: int) -> ov.Infer
         total = y if total is None else ops.add(total, y)
     model = ov.Model([total.output(0)], [x, planes])
     core = ov.Core()
-    assert lowbit.use_kernel(model, core, planes.output(0)) == count
+    assert lowbit.use_kernel(model, core, planes.output(0), prefetch=prefetch) == count
     return core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads}) \
         .create_infer_request()
 
@@ -56,8 +58,10 @@ def main() -> None:
     ap.add_argument("--count", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--prefetch", type=int, default=DEFAULTS[this_cpu()].lowbit_prefetch,
+                    help="bytes the weights are prefetched ahead (default: this CPU class's)")
     args = ap.parse_args()
-    requests = {name: _compiled(name, args.n, args.k, args.count, args.threads) for name in args.layouts.split(",")}
+    requests = {name: _compiled(name, args.n, args.k, args.count, args.threads, args.prefetch) for name in args.layouts.split(",")}
     x = np.random.default_rng(0).standard_normal((args.rows, args.k)).astype(np.float32)
     planes = np.array(args.planes, np.int32)
     times = {name: [] for name in requests}

@@ -31,6 +31,13 @@ constexpr bool VNNI = true;
 constexpr bool VNNI = false;
 #endif
 
+// The layouts a prompt's tile keeps unpacked (TileFloats): all whose bytes take instructions to
+// read, every one but 8-bit weights with VNNI ([8,960 x 1,536] Q4_0 / Q4_K at 256 rows 0.93x the
+// time on the AVX2 and AVX-VNNI paths, an AMX Xeon; the kernel runs near its ports' bound, so only
+// fewer uops gain: benchmarks/results/2026-12-04-unpacked-prompt-tiles.md).
+template <int BITS>
+constexpr bool UNPACKED = BITS != 8 || !VNNI;
+
 // Sums a chunk at a time in 32 bits (VNNI, or 8-bit weights' signed products), else in 16 first.
 template <int BITS>
 constexpr bool WIDE = VNNI || BITS == 8;
@@ -138,13 +145,13 @@ inline void dot(__m256i u, __m256i xb, __m256i& s, __m256i& p) {
 }
 
 // What a tile's weights read as floats for all the rows of x, prepared once where rows come in
-// blocks (a prompt): per group 16 scales and offsets; 5- and 6-bit weights unpacked, per group,
+// blocks (a prompt): per group 16 scales and offsets; the weights unpacked (UNPACKED), per group,
 // chunk and half 32 bytes. In the thread's buffers, kept between calls (as the AVX-512 path's).
 template <int BITS, int Q>
 struct TileFloats {
     const size_t groups;
     float *scale, *offset;
-    __m256i* bytes;  // 5- and 6-bit weights only
+    __m256i* bytes;  // UNPACKED layouts only
 
     TileFloats(const Weights& w, size_t t) : groups(w.k / w.group) {
         static thread_local std::vector<__m256> floats;
@@ -152,8 +159,8 @@ struct TileFloats {
         floats.resize(std::max(floats.size(), 4 * groups));
         scale = reinterpret_cast<float*>(floats.data());
         offset = w.offset ? scale + groups * 16 : nullptr;
-        if constexpr (TOP_PLANES<BITS>) unpacked.resize(std::max(unpacked.size(), 2 * groups * Q));
-        bytes = TOP_PLANES<BITS> ? unpacked.data() : nullptr;
+        if constexpr (UNPACKED<BITS>) unpacked.resize(std::max(unpacked.size(), 2 * groups * Q));
+        bytes = UNPACKED<BITS> ? unpacked.data() : nullptr;
         const uint8_t* q = w.q + t * w.tile_bytes();
         for (size_t g = 0; g < groups; g++, q += Q * STORED<BITS> * 8)
             for (int h = 0; h < 2; h++) {
@@ -161,7 +168,7 @@ struct TileFloats {
                 group_floats(w, t, g, groups, h, s, o);
                 _mm256_storeu_ps(&scale[g * 16 + 8 * h], s);
                 if (w.offset) _mm256_storeu_ps(&offset[g * 16 + 8 * h], o);
-                if constexpr (TOP_PLANES<BITS>)
+                if constexpr (UNPACKED<BITS>)
                     for (int c = 0; c < Q / 2; c++) unpack<BITS, Q>(q, c, h, bytes[at(g, c, h)], bytes[at(g, c + Q / 2, h)]);
             }
     }
@@ -210,7 +217,7 @@ void half_kernel(const Weights& w, const Activations& a, const TileFloats<BITS, 
         for (int c = 0; c < Q / 2; c++) {
             __m256i u[H][2];
             for (int j = 0; j < H; j++) {
-                if constexpr (TOP_PLANES<BITS> && PREP) {
+                if constexpr (UNPACKED<BITS> && PREP) {
                     u[j][0] = f->bytes[f->at(g, c, h0 + j)];
                     u[j][1] = f->bytes[f->at(g, c + Q / 2, h0 + j)];
                 } else {

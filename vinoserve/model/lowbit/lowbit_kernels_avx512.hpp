@@ -26,6 +26,13 @@ constexpr bool VNNI = true;
 constexpr bool VNNI = false;
 #endif
 
+// The layouts a prompt's pair of tiles keeps unpacked (PairTiles): 5- and 6-bit weights, and
+// without VNNI all (4-bit: [8,960 x 1,536] Q4_0 / Q4_K at 256 rows 0.91x the time, AVX-512 code on
+// an AMX Xeon). With VNNI Zen 5's 4-bit products took 1.04-1.07x, so they unpack in the kernel
+// (benchmarks/results/2026-12-04-unpacked-prompt-tiles.md).
+template <int BITS>
+constexpr bool UNPACKED = TOP_PLANES<BITS> || !VNNI;
+
 // Sums a chunk at a time in 32 bits (VNNI, or 8-bit weights' signed products), else in 16 first.
 template <int BITS>
 constexpr bool WIDE = VNNI || BITS == 8;
@@ -200,16 +207,15 @@ void tile_kernel(const Weights& w, const Activations& a, size_t m0, size_t t, co
 // What pair_kernel reads of tiles t and t + 1 for all the rows of x, prepared once where it would
 // be again every few rows: scales and offsets in f32, per tile and group 16 floats (K-quants'
 // factors: a Q4_K prompt product 0.94x the time, Q6_K's 0.84x; Zen 5; the same floats, so the same
-// sums); 5- and 6-bit weights unpacked, per tile, group and chunk 64 bytes (their shifts and
-// masks crowded the dot products: a Q6_K product 0.88x the time; 4-bit weights 1.04-1.07x). In
-// the thread's buffers, kept between calls (allocated a pair, a Q4_0 product of 9 rows took 1.09x
-// the time): nothing in run_tile waits on other tasks, so no other call takes the thread while
-// they are used.
+// sums); weights unpacked (UNPACKED), per tile, group and chunk 64 bytes (their shifts and masks
+// crowded the dot products: a Q6_K product 0.88x the time). In the thread's buffers, kept between
+// calls (allocated a pair, a Q4_0 product of 9 rows took 1.09x the time): nothing in run_tile
+// waits on other tasks, so no other call takes the thread while they are used.
 template <int BITS, int Q>
 struct PairTiles {
     const size_t groups;
     float *scale, *offset;
-    __m512i* bytes;  // 5- and 6-bit weights only
+    __m512i* bytes;  // UNPACKED layouts only
 
     PairTiles(const Weights& w, size_t t) : groups(w.k / w.group) {
         static thread_local std::vector<__m512> floats;
@@ -217,8 +223,8 @@ struct PairTiles {
         floats.resize(std::max(floats.size(), 4 * groups));
         scale = reinterpret_cast<float*>(floats.data());
         offset = w.offset ? scale + 2 * groups * 16 : nullptr;
-        if constexpr (TOP_PLANES<BITS>) unpacked.resize(std::max(unpacked.size(), 2 * groups * Q));
-        bytes = TOP_PLANES<BITS> ? unpacked.data() : nullptr;
+        if constexpr (UNPACKED<BITS>) unpacked.resize(std::max(unpacked.size(), 2 * groups * Q));
+        bytes = UNPACKED<BITS> ? unpacked.data() : nullptr;
         for (size_t j = 0; j < 2; j++) {
             const uint8_t* q = w.q + (t + j) * w.tile_bytes();
             for (size_t g = 0; g < groups; g++, q += Q * STORED<BITS> * 8) {
@@ -226,7 +232,7 @@ struct PairTiles {
                 group_floats(w, t + j, g, groups, s, o);
                 _mm512_storeu_ps(&scale[(j * groups + g) * 16], s);
                 if (w.offset) _mm512_storeu_ps(&offset[(j * groups + g) * 16], o);
-                if constexpr (TOP_PLANES<BITS>)
+                if constexpr (UNPACKED<BITS>)
                     for (int c = 0; c < Q / 2; c++) unpack<BITS, Q>(q, c, bytes[at(j, g, c)], bytes[at(j, g, c + Q / 2)]);
             }
         }
@@ -259,13 +265,13 @@ void pair_kernel(const Weights& w, const Activations& a, const PairTiles<BITS, Q
             }
         }
         // later rows find the pair's weights in cache (0.95x a Q4_0 / Q4_K prompt product's time)
-        if (!TOP_PLANES<BITS> && m0 == 0)
+        if (!UNPACKED<BITS> && m0 == 0)
             for (int j = 0; j < 2; j++) prefetch_ahead<BITS, Q>(w, q[j]);
 #pragma GCC unroll 8
         for (int c = 0; c < Q / 2; c++) {
             __m512i u[2][2];
             for (int j = 0; j < 2; j++) {
-                if constexpr (TOP_PLANES<BITS>) {
+                if constexpr (UNPACKED<BITS>) {
                     u[j][0] = f.bytes[f.at(j, g, c)];
                     u[j][1] = f.bytes[f.at(j, g, c + Q / 2)];
                 } else {
