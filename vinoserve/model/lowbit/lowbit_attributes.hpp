@@ -65,7 +65,7 @@ struct WeightAttributes {
     Weights weights(const ov::Tensor& q, const ov::Tensor& scale, const ov::Tensor* offset) const {
         return {static_cast<const uint8_t*>(q.data()), scale.data(), offset ? offset->data() : nullptr,
                 scale.get_element_type() == ov::element::u8, static_cast<int>(bits), static_cast<int>(group),
-                static_cast<int>(bias), static_cast<int>(centre), block_shift(), static_cast<int>(factor_bits),
+                static_cast<int>(bias), static_cast<float>(centre), block_shift(), static_cast<int>(factor_bits),
                 static_cast<size_t>(n), static_cast<size_t>(k), static_cast<size_t>(prefetch), e2m1 != 0};
     }
 

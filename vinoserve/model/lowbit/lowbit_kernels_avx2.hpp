@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "lowbit_activations_avx2.hpp"
@@ -54,16 +53,20 @@ inline __m256 load_floats(const void* p, bool f16, size_t i) {
     return f16 ? load_half(p, i) : _mm256_loadu_ps(static_cast<const float*>(p) + i);
 }
 
-// Rows 8h..8h+7 of 16 integers of 6 bits (row j's at bits 6j of 12 bytes), as int32s: bytes
-// 6h..6h+5, in one 8-byte load within the 12 (a 6-byte copy cost a store-forwarding stall: a
-// one-row Q4_K product took 3.5x the AVX-512 path's time), each 64-bit lane shifted to two.
+// Rows 8h..8h+7 of 16 integers of 6 bits (row j's at bits 6j of 12 bytes), as int32s: 8 of the
+// 12 bytes broadcast in one load (a 6-byte copy cost a store-forwarding stall: a one-row Q4_K
+// product took 3.5x the AVX-512 path's time), each row's two bytes shuffled into its lane and
+// shifted down: 3 vector uops where shifting 64-bit lanes twice took 8 (1.5B Q4_K_M decode steps
+// 0.95x the time: benchmarks/results/2026-12-04-six-bit-factors.md).
 inline __m256i six_bits(const uint8_t* p, int h) {
-    uint64_t v;
-    std::memcpy(&v, p + 4 * h, 8);
-    const __m256i all = _mm256_set1_epi64x(static_cast<long long>(v >> (16 * h))), mask = _mm256_set1_epi64x(63);
-    const __m256i even = _mm256_and_si256(_mm256_srlv_epi64(all, _mm256_setr_epi64x(0, 12, 24, 36)), mask);
-    const __m256i odd = _mm256_and_si256(_mm256_srlv_epi64(all, _mm256_setr_epi64x(6, 18, 30, 42)), mask);
-    return _mm256_or_si256(even, _mm256_slli_epi64(odd, 32));
+    const __m256i bytes = _mm256_broadcastq_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 4 * h)));
+    // row i's bits start at bit 6i of half h's 6 bytes, bytes 2h on in the 8 loaded (Z: a zero
+    // byte, its top bit still set with 2h added)
+    constexpr char Z = -128;
+    const __m256i pairs = _mm256_setr_epi8(0, 1, Z, Z, 0, 1, Z, Z, 1, 2, Z, Z, 2, 3, Z, Z,
+                                           3, 4, Z, Z, 3, 4, Z, Z, 4, 5, Z, Z, 5, 6, Z, Z);
+    const __m256i shuffled = _mm256_shuffle_epi8(bytes, _mm256_add_epi8(pairs, _mm256_set1_epi8(static_cast<char>(2 * h))));
+    return _mm256_and_si256(_mm256_srlv_epi32(shuffled, _mm256_setr_epi32(0, 6, 4, 2, 0, 6, 4, 2)), _mm256_set1_epi32(63));
 }
 
 // Factored: half h of the f16s of group g's block times g's integers (g counted over all tiles).
@@ -85,7 +88,7 @@ inline void group_floats(const Weights& w, size_t t, size_t g, size_t groups, in
         return;
     }
     scale = load_factored(w.scale, at, w, h);
-    offset = w.offset ? _mm256_fmadd_ps(scale, _mm256_set1_ps(static_cast<float>(w.centre)), load_factored(w.offset, at, w, h))
+    offset = w.offset ? _mm256_fmadd_ps(scale, _mm256_set1_ps(w.centre), load_factored(w.offset, at, w, h))
                       : _mm256_setzero_ps();
 }
 

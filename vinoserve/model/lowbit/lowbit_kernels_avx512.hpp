@@ -101,7 +101,7 @@ inline void group_floats(const Weights& w, size_t t, size_t g, size_t groups, __
         return;
     }
     scale = load_factored(w.scale, at, w);
-    offset = w.offset ? _mm512_fmadd_ps(scale, _mm512_set1_ps(static_cast<float>(w.centre)),
+    offset = w.offset ? _mm512_fmadd_ps(scale, _mm512_set1_ps(w.centre),
                                         load_factored(w.offset, at, w))
                       : _mm512_setzero_ps();
 }

@@ -60,7 +60,9 @@ struct Weights {
     const void* scale;   // plain: f16 (as bytes) or f32 per group; factored: bytes as above
     const void* offset;  // nullptr: none
     bool f16;
-    int bits, group, bias, centre, block_shift, factor_bits;  // block_shift < 0: plain floats
+    int bits, group, bias;
+    float centre;  // a float once, not converted again every group
+    int block_shift, factor_bits;  // block_shift < 0: plain floats
     size_t n, k, prefetch;
     bool e2m1 = false;  // 4-bit codes read through E2M1_TABLE (MXFP4's), not 4-bit integers
     size_t tile_bytes() const { return 16 * k * bits / 8; }
