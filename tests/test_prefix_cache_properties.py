@@ -171,6 +171,20 @@ def test_a_prompts_last_tokens_are_computed_in_a_chunk_of_at_least_the_least_siz
     assert _run_alone(sched, longer) == [least + 3]  # every block of the prompt above is a hit
 
 
+def test_requests_that_give_up_a_cached_block_for_the_least_chunk_are_admitted_together():
+    """Same-prompt requests whose tail past the cached blocks is under MIN_PROMPT_CHUNK each
+    compute the last cached block again; none waits for another to compute it (it is cached
+    already), so all are admitted in one step, not one a step."""
+    least = MIN_PROMPT_CHUNK
+    blocks = BlockManager(64, BLOCK, prefix_salt=b"test")
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=16 * least), blocks)
+    prompt = [7 + i % 50 for i in range(2 * least + 2)]  # two tokens past a block's end
+    _run_alone(sched, Sequence("first", prompt, SamplingParams(max_tokens=1)))
+    for i in range(4):
+        sched.add(Sequence(f"r{i}", prompt, SamplingParams(max_tokens=1)))
+    out = sched.schedule()
+    assert [s.num_tokens for s in out.scheduled] == [least + 2] * 4
+
 def _run_alone(sched: Scheduler, seq: Sequence) -> list[int]:
     """The chunks in which `seq`, alone, computes its prompt."""
     sched.add(seq)

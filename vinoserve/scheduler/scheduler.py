@@ -166,7 +166,13 @@ class Scheduler:
         return hits
 
     def _waits_for(self, seq: Sequence, num_hits: int, pending: set[bytes]) -> bool:
-        return not _scores_prompt(seq) and num_hits < len(seq.block_hashes) and seq.block_hashes[num_hits] in pending
+        """Whether `seq`'s next block is being computed by a running sequence. A block cached
+        already is no reason to wait: its hit was given up so the rest computes as one chunk
+        (MIN_PROMPT_CHUNK), and waiting on it let one same-prompt request in a step."""
+        if _scores_prompt(seq) or num_hits >= len(seq.block_hashes):
+            return False
+        h = seq.block_hashes[num_hits]
+        return h in pending and not self.blocks.prefix.is_cached(h)
 
     def _admit(self, seq: Sequence, hits: list[Hit]) -> None:
         first = seq.status is SequenceStatus.WAITING
