@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,8 +179,10 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m vinoserve.model.lowbit.build DIR", file=sys.stderr)
         return 2
-    for path in ISAS:
-        print(build(path, Path(argv[0]) / source_key(path)))
+    # one compiler a core: each compile is one process (the four paths took 53 s one at a time on 2 cores)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        for target in pool.map(lambda path: build(path, Path(argv[0]) / source_key(path)), ISAS):
+            print(target)
     return 0
 
 
