@@ -185,6 +185,7 @@ def test_requests_that_give_up_a_cached_block_for_the_least_chunk_are_admitted_t
     out = sched.schedule()
     assert [s.num_tokens for s in out.scheduled] == [least + 2] * 4
 
+
 def _run_alone(sched: Scheduler, seq: Sequence) -> list[int]:
     """The chunks in which `seq`, alone, computes its prompt."""
     sched.add(seq)

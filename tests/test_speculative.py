@@ -228,7 +228,7 @@ def test_unseeded_sampling_keeps_the_distribution(smollm2):
     """Two-sample chi-square over the first four tokens of 600 unseeded choices of a copying
     prompt at temperature 1, with and without speculation: proposals are made at every step and
     both accepted and rejected, so both halves of the rule are exercised. The choices fork one
-    prefill and run in one batch (600 separate requests took 50 s of prompts an engine)."""
+    prefill and run in one batch (600 separate requests took 41 s an engine, most of it prompts)."""
     n = 600
     tok = smollm2[0].engine.tokenizer
     # The reply already under way, so the model copies from its first token on.

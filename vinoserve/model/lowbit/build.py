@@ -180,7 +180,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m vinoserve.model.lowbit.build DIR", file=sys.stderr)
         return 2
     # one compiler a core: each compile is one process (the four paths took 53 s one at a time on 2 cores)
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+    with ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0))) as pool:
         for target in pool.map(lambda path: build(path, Path(argv[0]) / source_key(path)), ISAS):
             print(target)
     return 0

@@ -208,7 +208,7 @@ void half_kernel(const Weights& w, const Activations& a, const TileFloats<BITS, 
     for (int j = 0; j < H; j++)
         for (int m = 0; m < MB; m++) acc[j][m] = _mm256_setzero_ps();
     for (size_t g = 0; g < groups; g++, q += Q * STORED<BITS> * 8, x4 += Q, d++, xc++, xsum++) {
-        if (!PREP) for (int l = 0; l < Q * STORED<BITS> / 4; l++) _mm_prefetch(reinterpret_cast<const char*>(q) + w.prefetch + 64 * l, _MM_HINT_T0);
+        if (!PREP) prefetch_ahead<BITS, Q>(w, q);
         __m256i s[C][H][MB], p[C][H][MB];
         for (int i = 0; i < C; i++)
             for (int j = 0; j < H; j++)

@@ -144,14 +144,6 @@ inline void unpack(const uint8_t* q, int c, __m512i& lo, __m512i& hi) {
     }
 }
 
-// The weights w.prefetch bytes ahead (the tiles a thread runs lie end to end; the distance is
-// the CPU class's, cpu_defaults.py): a 1.5B step 0.8-0.95x the time with the hardware's
-// prefetching alone (Emerald Rapids).
-template <int BITS, int Q>
-inline void prefetch_ahead(const Weights& w, const uint8_t* q) {
-    for (int l = 0; l < Q * STORED<BITS> / 4; l++) _mm_prefetch(reinterpret_cast<const char*>(q) + w.prefetch + 64 * l, _MM_HINT_T0);
-}
-
 // The group's integer sums (256 s1 + s2 in two planes) into a row's accumulator.
 inline __m512 accumulate(const Weights& w, const Activations& a, size_t ag, __m512i s, __m512 scale, __m512 offset, __m512 acc) {
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(scale, _mm512_set1_ps(a.d[ag])), acc);

@@ -29,6 +29,8 @@
 // bytes a Q4_K weight (the file's) instead of 0.75, 0.82 a Q6_K one instead of 1.
 #pragma once
 
+#include <xmmintrin.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -90,6 +92,16 @@ constexpr int PAIRS16 = 32767 / (2 * 128 * MAX_U<BITS>) / 2;
 // chunk one bit (5: bit c % 8 of plane c / 8) or two (6: bits 2(c % 4) of plane c / 4).
 template <int BITS>
 constexpr bool TOP_PLANES = BITS == 5 || BITS == 6;
+
+// A group's weights w.prefetch bytes ahead, for every path (the tiles a thread runs lie end to
+// end; the distance is the CPU class's, cpu_defaults.py): a 1.5B step 0.8-0.95x the time with the
+// hardware's prefetching alone (Emerald Rapids). The count reads twice the group's lines (512
+// bytes for a 256-byte Q4 group) and is load-bearing: halved, one-row products ran 1.02-1.07x
+// slower on the AVX2 path (benchmarks/results/2026-12-04-six-bit-factors.md).
+template <int BITS, int Q>
+inline void prefetch_ahead(const Weights& w, const uint8_t* q) {
+    for (int l = 0; l < Q * STORED<BITS> / 4; l++) _mm_prefetch(reinterpret_cast<const char*>(q) + w.prefetch + 64 * l, _MM_HINT_T0);
+}
 
 // Where the outputs go: y's columns in one part, or in up to 4 of whole tiles, each its own tensor
 // (a fused q/k/v or gate/up product, split as it is stored rather than copied by a node after it).
