@@ -92,7 +92,8 @@ def main() -> None:
                                     compile=options), log=print)
     ids = list(range(1000, 1000 + args.context))
     engine.add_request("p", ids, SamplingParams(max_tokens=args.steps + 1, ignore_eos=True, temperature=0))
-    engine.step()  # the prompt
+    while not any(o.new_token_ids for o in engine.step()):  # the prompt, in as many chunks as it takes
+        pass
     runner, paged = engine.runner, engine.model.paged
     requests = [b.request for b in (runner._decode_inputs or runner._inputs)]
     before, steps, wall = calls.totals(requests), 0, 0.0
