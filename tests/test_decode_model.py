@@ -2,6 +2,11 @@
 the KV cache with the main one; the runner sends each step to one of them by its token count."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -53,6 +58,29 @@ def test_steps_go_by_token_count_and_share_the_cache(q4_0):
         for t in empty.keys + empty.values:
             t.data[...] = 0
         assert not np.array_equal(ModelRunner(_alone(model, which), empty, num_requests=1).step(step).rows, got)
+
+
+def test_the_kernel_library_outlives_the_graphs_made_from_it(q4_0, tmp_path):
+    """Compiling the decode model freed graphs holding the kernel's nodes after OpenVINO had
+    unloaded the library they came from (the Cores and NodeFactory that loaded it gone): a
+    segfault, seen with the AVX2 class's settings (benchmarks/emulate_cpu_class) in a process that
+    had imported torch. The library now stays loaded for the process (lowbit/build.py)."""
+    path = write_gguf(tiny_hf_model("llama"), tmp_path / "q4_0.gguf", quant="Q4_0")
+    script = ("import torch\n"  # imported first, as in the suite: without it the library stayed mapped
+              "from pathlib import Path\n"
+              "from vinoserve.model.compile_options import CompileOptions\n"
+              "from vinoserve.model.gguf_loader import GGUFModel\n"
+              "from vinoserve.model.graph import build_model\n"
+              "from vinoserve.model.paged import compile_paged\n"
+              f"src = GGUFModel.open(Path({str(path)!r}))\n"
+              "model = compile_paged(build_model(src.config, src.tensor, 'auto'),\n"
+              "                      CompileOptions(inference_precision='f32', decode_model=True))\n"
+              "assert model.decode is not None\n")
+    emulate = Path(__file__).resolve().parent.parent / "benchmarks" / "emulate_cpu_class"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(emulate), os.environ.get("PYTHONPATH")])),
+           "VINOSERVE_EMULATE_CLASS": "AVX2"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def _copy(cache: KVCache) -> KVCache:

@@ -10,6 +10,7 @@ or a library does not load, the plugin's own matmuls run; `Unavailable` says why
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import os
@@ -124,9 +125,12 @@ def _cached(path: Isa) -> Path | None:
     return next(iter(sorted((cache_root() / "lowbit").glob(f"{source_key(path)}-*/{NAME}"))), None)
 
 
+_LOADED: list[ctypes.CDLL] = []  # library()'s, never closed
+
+
 @functools.cache
 def library() -> Path:
-    """The library of this CPU's path, found or built, and loaded once to check it; raises
+    """The library of this CPU's path, found or built, loaded to check it and kept loaded; raises
     Unavailable."""
     path = isa()
     target = _ahead(path)
@@ -140,6 +144,10 @@ def library() -> Path:
         ov.Core().add_extension(str(target))
     except RuntimeError as e:
         raise Unavailable(f"the low-bit kernel at {target} does not load: {str(e).strip().splitlines()[-1]}") from e
+    # Loaded for the life of the process: a graph's kernel nodes may outlive every Core and NodeFactory
+    # that loaded the library, and freeing them once OpenVINO had unloaded it called into unmapped code
+    # (a segfault compiling a decode model with the AVX2 class's settings, torch imported).
+    _LOADED.append(ctypes.CDLL(str(target)))
     return target
 
 
