@@ -323,11 +323,17 @@ def test_over_capacity_is_503_with_retry_after(tiny_gguf):
 
 
 def test_schemathesis_finds_no_failure(default_server, tmp_path):
-    """Every check, a bounded number of cases per operation. One worker: schemathesis' hypothesis
-    source inspection is not thread-safe (a tool error, not a finding)."""
+    """Every check and every warning but missing test data, a bounded number of cases per
+    operation. One worker: schemathesis' hypothesis source inspection is not thread-safe (a tool
+    error, not a finding). Missing test data is a stateful walk's 404s from a response it deleted or
+    an `after` naming no item, and which calls a walk reaches follows the model's outputs: with the
+    AVX2 class's, `input_items` only ever answered 404 (a warning every time, natively none). The
+    links themselves are tested above, `input_items` in test_responses_api.py."""
+    warnings = "missing_auth,validation_mismatch,missing_deserializer,unused_openapi_auth,method_not_allowed"
     cmd = [sys.executable, "-m", "schemathesis.cli", "--config-file", str(HERE / "schemathesis.toml"), "run",
            f"{default_server.url}/openapi.json", "--checks", "all", "--max-examples", "12", "--seed", "7", "--workers", "1",
-           "--no-color", "--generation-database", "none", "--request-timeout", "60", "--max-response-time", "10"]
+           "--no-color", "--generation-database", "none", "--request-timeout", "60", "--max-response-time", "10",
+           "--warnings", warnings]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     (tmp_path / "schemathesis.out").write_text(r.stdout)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
