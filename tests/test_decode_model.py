@@ -60,7 +60,7 @@ def test_steps_go_by_token_count_and_share_the_cache(q4_0):
         assert not np.array_equal(ModelRunner(_alone(model, which), empty, num_requests=1).step(step).rows, got)
 
 
-def test_the_kernel_library_outlives_the_graphs_made_from_it(q4_0, tmp_path):
+def test_the_kernel_library_outlives_the_graphs_made_from_it(tmp_path):
     """Compiling the decode model freed graphs holding the kernel's nodes after OpenVINO had
     unloaded the library they came from (the Cores and NodeFactory that loaded it gone): a
     segfault, seen with the AVX2 class's settings (benchmarks/emulate_cpu_class) in a process that

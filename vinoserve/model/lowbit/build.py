@@ -10,7 +10,6 @@ or a library does not load, the plugin's own matmuls run; `Unavailable` says why
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import hashlib
 import os
@@ -125,7 +124,7 @@ def _cached(path: Isa) -> Path | None:
     return next(iter(sorted((cache_root() / "lowbit").glob(f"{source_key(path)}-*/{NAME}"))), None)
 
 
-_LOADED: list[ctypes.CDLL] = []  # library()'s, never closed
+_LOADED: list[ov.Core] = []  # the Core that loaded library()'s, kept: the library stays loaded
 
 
 @functools.cache
@@ -140,14 +139,15 @@ def library() -> Path:
             else _cached(path)
     if target is None:
         raise Unavailable("no C++ compiler (c++ or g++, or $CXX) to build the low-bit matmul kernel")
+    core = ov.Core()
     try:
-        ov.Core().add_extension(str(target))
+        core.add_extension(str(target))
     except RuntimeError as e:
         raise Unavailable(f"the low-bit kernel at {target} does not load: {str(e).strip().splitlines()[-1]}") from e
     # Loaded for the life of the process: a graph's kernel nodes may outlive every Core and NodeFactory
     # that loaded the library, and freeing them once OpenVINO had unloaded it called into unmapped code
     # (a segfault compiling a decode model with the AVX2 class's settings, torch imported).
-    _LOADED.append(ctypes.CDLL(str(target)))
+    _LOADED.append(core)
     return target
 
 
